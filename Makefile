@@ -1,0 +1,58 @@
+# Quick start:  make run   (install deps, build, run the two-process benchmark)
+#               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
+.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz check-layers \
+        bench-compare format tidy clean
+
+JOBS ?= $(shell nproc)
+FUZZ_RUNS ?= 300000
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+
+run: build
+	./build/release/tools/ferry bench
+
+test: deps check-layers test-release test-asan test-tsan test-fuzz
+	@echo "all test suites passed"
+
+test-release: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+	ctest --preset release
+
+test-asan: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan
+
+test-tsan: deps
+	cmake --preset tsan >/dev/null
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan
+
+test-fuzz: deps
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS) --target ferry_fuzz_decoders
+	mkdir -p build/fuzz/corpus
+	./build/fuzz/tests/ferry_fuzz_decoders -runs=$(FUZZ_RUNS) -seed=1 -max_len=512 build/fuzz/corpus
+
+check-layers:
+	@bash scripts/check-layers.sh
+
+bench-compare: build
+	bash bench/compare_tcp.sh
+
+format:
+	find include src tools tests -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+
+tidy: build
+	run-clang-tidy -quiet -p build/release $(CURDIR)/src $(CURDIR)/tools
+
+clean:
+	rm -rf build

@@ -1,0 +1,244 @@
+// Ferry public API: engine, registered regions, descriptors, peers, batched operations, futures.
+//
+//   ferry::Engine target({.listen_port = 0});
+//   auto region = target.register_memory(buf, len, ferry::Access::kRemoteWrite);
+//   std::string blob = region.descriptor().to_string();   // give this to the initiator
+//
+//   ferry::Engine initiator({});
+//   ferry::Peer peer = initiator.connect(target.address());
+//   auto remote = ferry::Descriptor::parse(blob);
+//   ferry::Transfer t{&local, 0, &remote, 0, len};
+//   ferry::Status s = peer.write({&t, 1}).wait(std::chrono::seconds(5));
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
+
+namespace ferry {
+
+namespace detail {
+struct OpState;
+struct RegionRecord;
+class EngineImpl;
+class PeerImpl;
+}  // namespace detail
+
+using Clock = std::chrono::steady_clock;
+using Duration = std::chrono::nanoseconds;
+
+struct Config {
+  // Address and port to accept peers on; port 0 picks a free one (see Engine::address()).
+  std::string listen_host = "0.0.0.0";
+  uint16_t listen_port = 0;
+  // Transports this engine may use, best first among those both sides offer.
+  std::vector<TransportKind> transports = {TransportKind::kTcp};
+  // Threads that drive sockets and completions.
+  int progress_threads = 1;
+  // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).
+  std::string secret;
+  // Stable engine id; 0 picks a random one. The incarnation is always new per Engine.
+  uint64_t engine_id = 0;
+
+  // Speed settings; docs/performance.md has the measurements behind each default.
+  // Sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained nothing more.
+  int tcp_streams = 2;
+  // Large transfers are cut into slices of this size; 1-4 MiB were equal, 256 KiB ~10% slower.
+  std::size_t slice_bytes = 1 << 20;
+  // Operations above this are spread over all sockets; smaller ones stay on one, in turn.
+  std::size_t stripe_threshold = 1 << 20;
+  // Unacknowledged slices per socket: bounds the target's response queue.
+  int slices_in_flight_per_stream = 64;
+  // Progress threads spin this long after work before sleeping. 0 on few-core hosts: on 2 cores
+  // 50 us tripled the 8-byte write latency (spinning threads starve the ones with work).
+  Duration busy_poll = std::chrono::microseconds(0);
+  // Future::wait spins this long before sleeping: saves a wake-up on small operations.
+  Duration wait_spin = std::chrono::microseconds(20);
+
+  // A peer silent for this long is declared lost and its operations fail with kPeerLost.
+  Duration peer_timeout = std::chrono::seconds(10);
+  Duration connect_timeout = std::chrono::seconds(10);
+  // Bytes of unmatched incoming send() messages buffered per peer before refusing more.
+  std::size_t max_unexpected_bytes = 64 << 20;
+};
+
+// A serializable description of a registered region: what a peer needs to access it.
+// The binary form is versioned; to_string() gives a printable form, parse() reads it back.
+class Descriptor {
+ public:
+  static constexpr int kMaxKeys = 4;
+  struct Key {
+    TransportKind transport{};
+    uint8_t length = 0;
+    uint8_t bytes[22] = {};
+  };
+
+  uint64_t engine_id = 0;
+  uint64_t incarnation = 0;
+  uint32_t region_id = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;
+  Access access = Access::kLocal;
+  uint8_t key_count = 0;
+  Key keys[kMaxKeys] = {};
+
+  const Key* key_for(TransportKind transport) const noexcept;
+
+  std::vector<uint8_t> encode() const;
+  std::string to_string() const;  // "ferry1:" + base64url of encode()
+  // Throw Error(kInvalidArgument / kVersionMismatch) on malformed input.
+  static Descriptor decode(std::span<const uint8_t> bytes);
+  static Descriptor parse(std::string_view text);
+};
+
+// A registered memory region. Owns the registration: destroying it (or deregister())
+// revokes remote access and waits until no in-flight operation touches the memory.
+class Region {
+ public:
+  Region() = default;
+  Region(Region&&) noexcept;
+  Region& operator=(Region&&) noexcept;
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  ~Region();
+
+  void* data() const noexcept;
+  std::size_t size() const noexcept;
+  Access access() const noexcept;
+  bool valid() const noexcept { return record_ != nullptr; }
+  Descriptor descriptor() const;
+  void deregister();
+
+ private:
+  friend class detail::EngineImpl;
+  friend class detail::PeerImpl;
+  explicit Region(std::shared_ptr<detail::RegionRecord> record);
+  std::shared_ptr<detail::RegionRecord> record_;
+};
+
+// One entry of a one-sided batch: `length` bytes between local[local_offset] and
+// remote[remote_offset]. Both pointers must stay valid until the call returns.
+struct Transfer {
+  const Region* local = nullptr;
+  uint64_t local_offset = 0;
+  const Descriptor* remote = nullptr;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+// The completion of one operation. Copies share the operation; its state is never reused
+// while any Future refers to it.
+class Future {
+ public:
+  Future() = default;
+  Future(const Future&);
+  Future(Future&&) noexcept;
+  Future& operator=(const Future&);
+  Future& operator=(Future&&) noexcept;
+  ~Future();
+
+  // Waits up to `timeout`; returns kTimeout if still running (the operation goes on).
+  Status wait(Duration timeout) const;
+  // True once completed, successfully or not.
+  bool test() const;
+  // The final status, or kInProgress.
+  Status status() const;
+  // Bytes moved: for recv(), the length of the message received.
+  uint64_t bytes() const;
+  // Calls `fn` once with the final status: at once if already done, else from a progress thread.
+  void then(std::function<void(const Status&)> fn) const;
+
+ private:
+  friend class detail::PeerImpl;
+  friend class detail::EngineImpl;
+  explicit Future(detail::OpState* op);  // takes one reference
+  detail::OpState* op_ = nullptr;
+};
+
+// A connected peer. Either side may start operations; one connection carries both directions.
+class Peer {
+ public:
+  Peer() = default;
+
+  Future write(std::span<const Transfer> batch) const;
+  Future read(std::span<const Transfer> batch) const;
+  // Like write(); the target's engine then queues `imm` (see Engine::next_imm) once every
+  // byte of the batch is visible in its memory.
+  Future write_with_imm(std::span<const Transfer> batch, uint32_t imm) const;
+  // Tagged two-sided messages, matched by (peer, tag) in order.
+  Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const;
+  Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const;
+
+  uint64_t engine_id() const;
+  uint64_t incarnation() const;
+  std::string address() const;
+  TransportKind transport() const;
+  bool connected() const;
+  // Fails in-flight operations with kCancelled and closes the connection.
+  void close() const;
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend class detail::EngineImpl;
+  explicit Peer(std::shared_ptr<detail::PeerImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<detail::PeerImpl> impl_;
+};
+
+struct ImmEvent {
+  uint64_t peer_engine_id = 0;
+  uint32_t imm = 0;
+};
+
+struct TransportInfo {
+  TransportKind kind{};
+  bool usable = false;
+  std::string detail;  // why not, or what it found
+};
+
+class Engine {
+ public:
+  explicit Engine(const Config& config = {});
+  ~Engine();  // shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // "host:port" that peers can connect to (the listen host, or 127.0.0.1 for 0.0.0.0).
+  std::string address() const;
+  uint16_t port() const;
+  uint64_t id() const;
+  uint64_t incarnation() const;
+  const Config& config() const;
+
+  Region register_memory(void* data, std::size_t length, Access access);
+
+  Peer connect(std::string_view host_port);
+  // The next peer that connected to us, if one arrives within `timeout`.
+  std::optional<Peer> accept(Duration timeout);
+
+  // The next write_with_imm notification, if one arrives within `timeout`.
+  std::optional<ImmEvent> next_imm(Duration timeout);
+  // Delivers notifications to `fn` (on a progress thread) instead of the queue.
+  void on_imm(std::function<void(const ImmEvent&)> fn);
+
+  // Cancels in-flight operations, closes peers, joins threads. Idempotent.
+  void shutdown();
+
+  // Transports compiled in and whether they are usable on this host.
+  static std::vector<TransportInfo> transports();
+  static std::string_view version();
+
+ private:
+  std::shared_ptr<detail::EngineImpl> impl_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,35 @@
+// Vocabulary types shared by every layer: access rights and transport kinds.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace ferry {
+
+// What a peer may do with a registered region. Local use is always allowed.
+enum class Access : uint8_t {
+  kLocal = 0,
+  kRemoteRead = 1,
+  kRemoteWrite = 2,
+  kRemoteReadWrite = 3,
+};
+
+constexpr Access operator|(Access a, Access b) {
+  return static_cast<Access>(static_cast<uint8_t>(a) | static_cast<uint8_t>(b));
+}
+constexpr bool allows(Access granted, Access wanted) {
+  return (static_cast<uint8_t>(granted) & static_cast<uint8_t>(wanted)) ==
+         static_cast<uint8_t>(wanted);
+}
+
+// Transport kinds, in order of preference when several are usable.
+enum class TransportKind : uint8_t {
+  kTcp = 1,
+  kVerbs = 2,
+  kShm = 3,
+  kCudaIpc = 4,
+};
+
+std::string_view to_string(TransportKind kind) noexcept;
+
+}  // namespace ferry

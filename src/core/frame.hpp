@@ -1,0 +1,64 @@
+// The fixed 48-byte frame header used on every Ferry TCP connection (docs/protocol.md).
+// Control frames carry an encoded body as payload; data frames carry user bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ferry/error.hpp"
+
+namespace ferry::core {
+
+enum class FrameType : uint8_t {
+  // Control connection.
+  kHello = 1,
+  kHelloAck = 2,
+  kAuth = 3,
+  kAuthOk = 4,
+  kJoin = 5,
+  kJoinOk = 6,
+  kError = 7,
+  kPing = 8,
+  kPong = 9,
+  kBye = 10,
+  // Data streams.
+  kWrite = 16,     // payload: bytes for region_id/key at offset
+  kWriteAck = 17,  // status; payload: error text when status != ok
+  kReadReq = 18,   // `length` bytes wanted from region_id/key at offset; no payload
+  kReadData = 19,  // payload: data (or error text when status != ok)
+  kSend = 20,      // key = tag; payload: message
+  kSendAck = 21,   // status; payload: error text when status != ok
+};
+
+enum FrameFlags : uint8_t {
+  kFlagImm = 1,         // kWrite belongs to a write_with_imm: aux32 = imm, aux64 = streams used
+  kFlagLastOnStream = 2,  // last kWrite of its operation on this stream
+};
+
+struct FrameHeader {
+  FrameType type{};
+  uint8_t flags = 0;
+  uint16_t status = 0;  // ErrorCode
+  uint32_t region_id = 0;
+  uint32_t length = 0;  // payload bytes that follow, or bytes requested by kReadReq
+  uint32_t aux32 = 0;
+  uint64_t op_id = 0;
+  uint64_t key = 0;
+  uint64_t offset = 0;
+  uint64_t aux64 = 0;
+};
+
+constexpr std::size_t kFrameHeaderSize = 48;
+// Largest payload a control frame may announce; control bodies are tiny.
+constexpr uint32_t kMaxControlPayload = 4096;
+// Largest error text carried by an ack.
+constexpr uint32_t kMaxErrorText = 1024;
+
+void encode_header(const FrameHeader& h, uint8_t* out);
+// Rejects unknown types, flags and status codes and over-long payloads; changes nothing on error.
+Status decode_header(const uint8_t* in, FrameHeader& out);
+// Bytes of payload that follow this header on the wire.
+uint32_t payload_length(const FrameHeader& h);
+bool is_control(FrameType t);
+
+}  // namespace ferry::core

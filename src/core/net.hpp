@@ -1,0 +1,62 @@
+// Sockets: address parsing, listening, connecting with a deadline, blocking I/O with a deadline.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "ferry/error.hpp"
+
+namespace ferry::core {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+
+// Accepts "host:port", "[v6addr]:port" and ":port" (any host).
+Status parse_host_port(std::string_view text, HostPort& out);
+
+Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port);
+Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out);
+Status set_nonblocking(int fd, bool on);
+// TCP_NODELAY, keepalive probes and TCP_USER_TIMEOUT so a silent peer is noticed in `timeout`.
+void tune_socket(int fd, std::chrono::nanoseconds timeout);
+std::string peer_name(int fd);
+
+// Blocking transfers that give up at `deadline` (kTimeout) or on EOF (kPeerLost).
+Status write_all(int fd, std::span<const uint8_t> data, Deadline deadline);
+Status read_all(int fd, std::span<uint8_t> data, Deadline deadline);
+
+}  // namespace ferry::core

@@ -1,0 +1,132 @@
+#include "core/reactor.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "core/sys.hpp"
+
+namespace ferry::core {
+
+namespace {
+// Events handled per epoll_wait call; more only adds latency to the first ones.
+constexpr int kMaxEventsPerWait = 64;
+}  // namespace
+
+Reactor::Reactor(int threads, std::chrono::nanoseconds busy_poll) : busy_poll_(busy_poll) {
+  if (threads < 1) throw Error(ErrorCode::kInvalidArgument, "progress_threads must be >= 1");
+  for (int i = 0; i < threads; ++i) {
+    auto loop = std::make_unique<Loop>();
+    loop->epoll = Fd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!loop->epoll.valid()) throw Error(sys_status("epoll_create1"));
+    loop->wake = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!loop->wake.valid()) throw Error(sys_status("eventfd"));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;  // null marks the wake-up fd
+    if (::epoll_ctl(loop->epoll.get(), EPOLL_CTL_ADD, loop->wake.get(), &ev) != 0) {
+      throw Error(sys_status("epoll_ctl ADD eventfd"));
+    }
+    loops_.push_back(std::move(loop));
+  }
+  for (auto& loop : loops_) {
+    Loop* l = loop.get();
+    l->thread = std::thread([this, l] { run(*l); });
+  }
+}
+
+Reactor::~Reactor() { stop(); }
+
+void Reactor::stop() {
+  if (stopping_.exchange(true)) return;
+  for (auto& loop : loops_) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(loop->wake.get(), &one, sizeof one);
+  }
+  for (auto& loop : loops_) {
+    if (loop->thread.joinable()) loop->thread.join();
+  }
+}
+
+int Reactor::pick_loop() { return static_cast<int>(next_.fetch_add(1) % loops_.size()); }
+
+bool Reactor::on_loop_thread(int loop) const {
+  return loops_[static_cast<std::size_t>(loop)]->id == std::this_thread::get_id();
+}
+
+Status Reactor::add(int loop, int fd, uint32_t events, Handler* handler) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = handler;
+  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return sys_status("epoll_ctl ADD");
+  }
+  return {};
+}
+
+Status Reactor::modify(int loop, int fd, uint32_t events, Handler* handler) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.ptr = handler;
+  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_MOD, fd, &ev) != 0) {
+    return sys_status("epoll_ctl MOD");
+  }
+  return {};
+}
+
+void Reactor::remove(int loop, int fd) {
+  ::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void Reactor::post(int loop, std::function<void()> task) {
+  Loop& l = *loops_[static_cast<std::size_t>(loop)];
+  {
+    std::lock_guard lock(l.mu);
+    l.tasks.push_back(std::move(task));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(l.wake.get(), &one, sizeof one);
+}
+
+void Reactor::retire(int loop, std::shared_ptr<void> handler_owner) {
+  loops_[static_cast<std::size_t>(loop)]->retired.push_back(std::move(handler_owner));
+}
+
+void Reactor::run(Loop& loop) {
+  loop.id = std::this_thread::get_id();
+  epoll_event events[kMaxEventsPerWait];
+  std::vector<std::function<void()>> tasks;
+  auto last_work = std::chrono::steady_clock::now();
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    bool spinning = std::chrono::steady_clock::now() - last_work < busy_poll_;
+    int n = ::epoll_wait(loop.epoll.get(), events, kMaxEventsPerWait, spinning ? 0 : 100);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;  // the epoll fd is gone: nothing sensible is left to do on this loop
+    }
+    if (n == 0) continue;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        uint64_t count;
+        [[maybe_unused]] ssize_t r = ::read(loop.wake.get(), &count, sizeof count);
+        {
+          std::lock_guard lock(loop.mu);
+          tasks.swap(loop.tasks);
+        }
+        for (auto& task : tasks) {
+          if (stopping_.load(std::memory_order_relaxed)) break;
+          task();
+        }
+        tasks.clear();
+        continue;
+      }
+      static_cast<Handler*>(events[i].data.ptr)->on_event(events[i].events);
+    }
+    loop.retired.clear();
+    last_work = std::chrono::steady_clock::now();
+  }
+}
+
+}  // namespace ferry::core

@@ -1,0 +1,68 @@
+#include <cerrno>
+#include <cstring>
+
+#include "core/sys.hpp"
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
+
+namespace ferry {
+
+const char* to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kOk: return "ok";
+    case ErrorCode::kInProgress: return "in_progress";
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kOutOfBounds: return "out_of_bounds";
+    case ErrorCode::kPermissionDenied: return "permission_denied";
+    case ErrorCode::kUnknownRegion: return "unknown_region";
+    case ErrorCode::kRevoked: return "revoked";
+    case ErrorCode::kWrongKey: return "wrong_key";
+    case ErrorCode::kStaleIncarnation: return "stale_incarnation";
+    case ErrorCode::kWrongPeer: return "wrong_peer";
+    case ErrorCode::kPeerLost: return "peer_lost";
+    case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kProtocol: return "protocol";
+    case ErrorCode::kVersionMismatch: return "version_mismatch";
+    case ErrorCode::kAuthFailed: return "auth_failed";
+    case ErrorCode::kTruncated: return "truncated";
+    case ErrorCode::kResourceExhausted: return "resource_exhausted";
+    case ErrorCode::kConnectFailed: return "connect_failed";
+    case ErrorCode::kSystem: return "system";
+    case ErrorCode::kUnsupported: return "unsupported";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  std::string s = ferry::to_string(code_);
+  if (!message_.empty()) {
+    s += ": ";
+    s += message_;
+  }
+  return s;
+}
+
+std::string_view to_string(TransportKind kind) noexcept {
+  switch (kind) {
+    case TransportKind::kTcp: return "tcp";
+    case TransportKind::kVerbs: return "verbs";
+    case TransportKind::kShm: return "shm";
+    case TransportKind::kCudaIpc: return "cuda_ipc";
+  }
+  return "unknown";
+}
+
+namespace core {
+
+Status sys_status(std::string_view call, int err, ErrorCode code) {
+  std::string msg(call);
+  msg += ": ";
+  msg += std::strerror(err);
+  return {code, std::move(msg)};
+}
+
+Status sys_status(std::string_view call) { return sys_status(call, errno, ErrorCode::kSystem); }
+
+}  // namespace core
+}  // namespace ferry

@@ -1,0 +1,750 @@
+#include "engine/engine_impl.hpp"
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/crypto.hpp"
+#include "core/sys.hpp"
+
+namespace ferry::detail {
+
+using core::FrameHeader;
+using core::FrameType;
+using transport::OpEntry;
+using transport::OpKind;
+using transport::OpState;
+
+namespace {
+// Largest slice: a frame's length field is 32 bits, and bigger slices only delay acks.
+constexpr std::size_t kMaxSliceBytes = 64 << 20;
+constexpr std::size_t kMinSliceBytes = 4 << 10;
+// How often the acceptor thread checks peers' liveness and pings idle ones.
+constexpr int kHousekeepingMs = 100;
+
+const char* op_name(OpKind kind, bool imm) {
+  switch (kind) {
+    case OpKind::kWrite: return imm ? "write_with_imm" : "write";
+    case OpKind::kRead: return "read";
+    case OpKind::kSend: return "send";
+    case OpKind::kRecv: return "recv";
+  }
+  return "op";
+}
+
+Status read_frame(int fd, core::Deadline deadline, FrameHeader& h, std::vector<uint8_t>& body) {
+  uint8_t raw[core::kFrameHeaderSize];
+  if (Status s = core::read_all(fd, raw, deadline); !s.ok()) return s;
+  if (Status s = core::decode_header(raw, h); !s.ok()) return s;
+  if (!core::is_control(h.type)) {
+    return {ErrorCode::kProtocol, "expected a control frame, got type " +
+                                      std::to_string(static_cast<int>(h.type))};
+  }
+  body.resize(h.length);
+  return core::read_all(fd, body, deadline);
+}
+
+Status write_frame(int fd, const std::vector<uint8_t>& frame, core::Deadline deadline) {
+  return core::write_all(fd, frame, deadline);
+}
+
+// Reads the reply to a handshake step: the wanted frame, or an Error frame turned into a Status.
+Status expect(int fd, core::Deadline deadline, FrameType want, std::vector<uint8_t>& body) {
+  FrameHeader h;
+  if (Status s = read_frame(fd, deadline, h, body); !s.ok()) return s;
+  if (h.type == FrameType::kError) {
+    engine::ErrorMsg e;
+    if (Status s = engine::decode(body, e); !s.ok()) return s;
+    return {e.code, "peer refused: " + e.message};
+  }
+  if (h.type != want) {
+    return {ErrorCode::kProtocol, "handshake: unexpected frame type " +
+                                      std::to_string(static_cast<int>(h.type))};
+  }
+  return {};
+}
+
+void refuse(int fd, const Status& why, core::Deadline deadline) {
+  (void)write_frame(fd, engine::encode(engine::ErrorMsg{why.code(), why.message()}), deadline);
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Control connection: liveness pings and orderly goodbye, on a progress thread.
+
+struct PeerImpl::Control final : core::Reactor::Handler {
+  std::weak_ptr<PeerImpl> peer;
+  core::Reactor* reactor = nullptr;
+  int loop = 0;
+  core::Fd fd;
+  std::atomic<int64_t> last_heard_ns{0};
+  Clock::time_point last_ping{};
+  std::mutex out_mu;
+  std::string out;  // bytes a full socket did not take yet
+  uint8_t in[core::kFrameHeaderSize + core::kMaxControlPayload];
+  std::size_t in_len = 0;
+  bool stopped = false;  // loop thread only
+
+  void heard() { last_heard_ns.store(Clock::now().time_since_epoch().count()); }
+
+  void send_frame(FrameType type) {
+    auto frame = engine::encode_empty(type);
+    std::lock_guard lock(out_mu);
+    out.append(reinterpret_cast<const char*>(frame.data()), frame.size());
+    ssize_t n = ::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) out.erase(0, static_cast<std::size_t>(n));
+  }
+
+  void on_event(uint32_t) override {
+    if (stopped) return;
+    Status lost;
+    for (;;) {
+      ssize_t n = ::recv(fd.get(), in + in_len, sizeof in - in_len, MSG_DONTWAIT);
+      if (n == 0) {
+        lost = {ErrorCode::kPeerLost, "control connection closed by peer"};
+        break;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) break;
+        lost = core::sys_status("recv on control connection", errno, ErrorCode::kPeerLost);
+        break;
+      }
+      in_len += static_cast<std::size_t>(n);
+      heard();
+      while (lost.ok() && in_len >= core::kFrameHeaderSize) {
+        FrameHeader h;
+        if (Status s = core::decode_header(in, h); !s.ok() || !core::is_control(h.type)) {
+          lost = s.ok() ? Status(ErrorCode::kProtocol, "data frame on the control connection") : s;
+          break;
+        }
+        std::size_t whole = core::kFrameHeaderSize + h.length;
+        if (in_len < whole) break;
+        if (h.type == FrameType::kPing) {
+          send_frame(FrameType::kPong);
+        } else if (h.type == FrameType::kBye) {
+          lost = {ErrorCode::kPeerLost, "peer closed the connection"};
+        } else if (h.type != FrameType::kPong) {
+          lost = {ErrorCode::kProtocol, "unexpected control frame " +
+                                            std::to_string(static_cast<int>(h.type))};
+        }
+        std::memmove(in, in + whole, in_len - whole);
+        in_len -= whole;
+      }
+      if (!lost.ok()) break;
+    }
+    {
+      std::lock_guard lock(out_mu);
+      if (!out.empty()) {
+        ssize_t n = ::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) out.erase(0, static_cast<std::size_t>(n));
+      }
+    }
+    if (!lost.ok()) {
+      if (auto p = peer.lock()) p->close(lost);
+    }
+  }
+
+  // On the loop thread.
+  void stop(const std::shared_ptr<Control>& self) {
+    if (stopped) return;
+    stopped = true;
+    reactor->remove(loop, fd.get());
+    reactor->retire(loop, self);
+  }
+};
+
+PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Hello& remote,
+                   std::string addr, TransportKind kind, core::Fd control)
+    : engine_id(remote.engine_id),
+      incarnation(remote.incarnation),
+      address(std::move(addr)),
+      transport(kind),
+      engine(std::move(eng)),
+      link(std::make_shared<transport::PeerLink>(remote.engine_id,
+                                                 engine->config.max_unexpected_bytes)),
+      control_(std::make_shared<Control>()) {
+  control_->fd = std::move(control);
+  control_->reactor = &engine->reactor();
+  control_->heard();
+}
+
+void PeerImpl::start_control() {
+  control_->peer = weak_from_this();
+  control_->loop = engine->reactor().pick_loop();
+  if (core::set_nonblocking(control_->fd.get(), true).ok()) {
+    (void)engine->reactor().add(control_->loop, control_->fd.get(), EPOLLIN | EPOLLRDHUP,
+                                control_.get());
+  }
+}
+
+void PeerImpl::housekeeping(Clock::time_point now) {
+  if (lost.load()) return;
+  auto silent = now - Clock::time_point(Clock::duration(control_->last_heard_ns.load()));
+  if (silent > engine->config.peer_timeout) {
+    close({ErrorCode::kPeerLost,
+           "no sign of life from " + address + " for " +
+               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+               " ms"});
+    return;
+  }
+  if (now - control_->last_ping > engine->config.peer_timeout / 4) {
+    control_->last_ping = now;
+    control_->send_frame(FrameType::kPing);
+  }
+}
+
+void PeerImpl::close(const Status& reason) {
+  if (lost.exchange(true)) return;
+  // The channel first: its close reason is what in-flight operations report, and the goodbye
+  // below makes the remote side drop our streams, which must not be mistaken for a loss.
+  if (channel) channel->close(reason);
+  if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
+  ::shutdown(control_->fd.get(), SHUT_RDWR);
+  std::shared_ptr<Control> control = control_;
+  engine->reactor().post(control->loop, [control] { control->stop(control); });
+}
+
+OpState* PeerImpl::start_op(OpKind kind) {
+  OpState* op = link->pool->acquire();
+  op->kind = kind;
+  op->slice_bytes = engine->config.slice_bytes;
+  op->spin_ns = engine->config.wait_spin.count();
+  return op;
+}
+
+Future PeerImpl::fail_now(OpState* op, Status status) {
+  op->complete_with(status);
+  return Future(op);
+}
+
+Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                            uint8_t** addr) {
+  if (local == nullptr || !local->valid()) return {ErrorCode::kInvalidArgument, "no local region"};
+  const RegionRecord& rec = *local->record_;
+  if (rec.engine.get() != engine.get()) {
+    return {ErrorCode::kInvalidArgument, "local region belongs to another engine"};
+  }
+  transport::RegionUse use;
+  Status s = engine->regions().acquire(rec.id, rec.key, offset, length, Access::kLocal, addr, use);
+  if (!s.ok()) return {s.code(), "local " + s.message()};
+  op->leases.push_back(use.detach());
+  return {};
+}
+
+Future PeerImpl::post(OpState* op) {
+  if (lost.load() || !link->pool->mark_posted(op)) {
+    return fail_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
+  }
+  if (op->kind == OpKind::kRecv) {
+    link->matcher.post(op);
+  } else {
+    channel->post(op);
+  }
+  return Future(op);
+}
+
+Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
+                           uint32_t imm) {
+  OpState* op = start_op(kind);
+  op->with_imm = with_imm;
+  op->imm = imm;
+  Access wanted = kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
+  uint64_t slices = 0, total = 0;
+  std::size_t i = 0;
+  // Messages are built only on failure: the success path allocates nothing.
+  auto refuse = [&](ErrorCode code, const std::string& detail) {
+    return fail_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " + std::to_string(i) +
+                                   ": " + detail});
+  };
+  for (; i < batch.size(); ++i) {
+    const Transfer& t = batch[i];
+    const Descriptor* remote = t.remote;
+    if (remote == nullptr) return refuse(ErrorCode::kInvalidArgument, "no remote descriptor");
+    if (remote->engine_id != engine_id) {
+      return refuse(ErrorCode::kWrongPeer, "descriptor of engine " + std::to_string(remote->engine_id) +
+                                               ", peer is " + std::to_string(engine_id));
+    }
+    if (remote->incarnation != incarnation) {
+      return refuse(ErrorCode::kStaleIncarnation, "descriptor from an earlier incarnation of the peer");
+    }
+    if (!allows(remote->access, wanted)) {
+      return refuse(ErrorCode::kPermissionDenied,
+                    "region " + std::to_string(remote->region_id) + " does not grant remote " +
+                        (kind == OpKind::kRead ? "read" : "write"));
+    }
+    if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
+      return refuse(ErrorCode::kOutOfBounds,
+                    "remote offset " + std::to_string(t.remote_offset) + " + length " +
+                        std::to_string(t.length) + " exceeds region length " + std::to_string(remote->length));
+    }
+    const Descriptor::Key* key = remote->key_for(TransportKind::kTcp);
+    if (key == nullptr || key->length != 8) return refuse(ErrorCode::kUnsupported, "descriptor has no tcp key");
+    uint8_t* local = nullptr;
+    if (Status s = take_local(op, t.local, t.local_offset, t.length, &local); !s.ok()) {
+      return refuse(s.code(), s.message());
+    }
+    if (t.length == 0) continue;
+    uint64_t remote_key = 0;
+    std::memcpy(&remote_key, key->bytes, 8);
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset});
+    slices += transport::slice_count(t.length, op->slice_bytes);
+    total += t.length;
+  }
+  if (slices == 0) return fail_now(op, {});
+
+  // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
+  int lanes = channel->lanes();
+  if (total > engine->config.stripe_threshold && lanes > 1) {
+    op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
+    op->first_lane = 0;
+  } else {
+    op->lane_count = 1;
+    op->first_lane = static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) %
+                                      static_cast<unsigned>(lanes));
+  }
+  for (int lane = 0; lane < op->lane_count; ++lane) {
+    transport::LaneCursor& c = op->lanes[lane];
+    c = {};
+    transport::advance(*op, c, static_cast<uint64_t>(lane));
+    c.remaining = slices / static_cast<uint64_t>(op->lane_count) +
+                  (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
+  }
+  op->pending.store(static_cast<int64_t>(slices));
+  op->bytes.store(total);
+  return post(op);
+}
+
+Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) {
+  OpState* op = start_op(OpKind::kSend);
+  op->tag = tag;
+  if (length > UINT32_MAX) {
+    return fail_now(op, {ErrorCode::kInvalidArgument, "send: messages are limited to 4 GiB - 1"});
+  }
+  uint8_t* addr = nullptr;
+  if (Status s = take_local(op, &local, offset, length, &addr); !s.ok()) {
+    return fail_now(op, {s.code(), "send: " + s.message()});
+  }
+  op->entries.push_back(OpEntry{addr, length, 0, 0, 0});
+  op->slice_bytes = length > 0 ? length : 1;  // one frame per message
+  // All messages of a peer travel on stream 0, so messages with one tag arrive in order.
+  op->lane_count = 1;
+  op->first_lane = 0;
+  op->lanes[0] = {0, 0, 1};
+  op->pending.store(1);
+  op->bytes.store(length);
+  return post(op);
+}
+
+Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) {
+  OpState* op = start_op(OpKind::kRecv);
+  op->tag = tag;
+  uint8_t* addr = nullptr;
+  if (Status s = take_local(op, &local, offset, capacity, &addr); !s.ok()) {
+    return fail_now(op, {s.code(), "recv: " + s.message()});
+  }
+  op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0});
+  op->pending.store(1);
+  return post(op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+namespace {
+void validate(const Config& c) {
+  auto bad = [](const std::string& what) { throw Error(ErrorCode::kInvalidArgument, "config: " + what); };
+  if (c.progress_threads < 1 || c.progress_threads > 64) bad("progress_threads must be 1..64");
+  if (c.tcp_streams < 1 || c.tcp_streams > OpState::kMaxLanes) bad("tcp_streams must be 1..16");
+  if (c.slice_bytes < kMinSliceBytes || c.slice_bytes > kMaxSliceBytes) {
+    bad("slice_bytes must be 4 KiB..64 MiB");
+  }
+  if (c.slices_in_flight_per_stream < 1) bad("slices_in_flight_per_stream must be >= 1");
+  if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
+  if (std::find(c.transports.begin(), c.transports.end(), TransportKind::kTcp) == c.transports.end()) {
+    throw Error(ErrorCode::kUnsupported,
+                "config: no usable transport selected (this build provides tcp)");
+  }
+}
+
+uint64_t nonzero_random() {
+  uint64_t v;
+  do v = core::random_u64();
+  while (v == 0);
+  return v;
+}
+}  // namespace
+
+EngineImpl::EngineImpl(const Config& cfg)
+    : config((validate(cfg), cfg)),
+      id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
+      incarnation(nonzero_random()) {
+  transports_.push_back(std::make_unique<transport::tcp::TcpTransport>());
+  reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
+  core::HostPort where{config.listen_host, config.listen_port};
+  core::throw_if_error(core::listen_tcp(where, listener_, port));
+  advertised_host = (config.listen_host == "0.0.0.0" || config.listen_host == "::" ||
+                     config.listen_host.empty())
+                        ? "127.0.0.1"
+                        : config.listen_host;
+  stop_event_ = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stop_event_.valid()) throw Error(core::sys_status("eventfd"));
+}
+
+EngineImpl::~EngineImpl() { shutdown(); }
+
+void EngineImpl::start() { acceptor_ = std::thread([this] { acceptor_loop(); }); }
+
+void EngineImpl::deliver_imm(uint64_t peer_engine_id, uint32_t imm) {
+  std::unique_lock lock(imm_mu_);
+  if (imm_callback_) {
+    auto fn = imm_callback_;
+    lock.unlock();
+    fn(ImmEvent{peer_engine_id, imm});
+    return;
+  }
+  imms_.push_back(ImmEvent{peer_engine_id, imm});
+  lock.unlock();
+  imm_cv_.notify_one();
+}
+
+std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
+  std::unique_lock lock(imm_mu_);
+  if (!imm_cv_.wait_for(lock, timeout, [&] { return !imms_.empty() || stopping_.load(); }) ||
+      imms_.empty()) {
+    return std::nullopt;
+  }
+  ImmEvent e = imms_.front();
+  imms_.pop_front();
+  return e;
+}
+
+void EngineImpl::on_imm(std::function<void(const ImmEvent&)> fn) {
+  std::deque<ImmEvent> queued;
+  {
+    std::lock_guard lock(imm_mu_);
+    imm_callback_ = fn;
+    if (fn) queued.swap(imms_);
+  }
+  for (const ImmEvent& e : queued) fn(e);  // nothing already received is dropped
+}
+
+Region EngineImpl::register_memory(void* data, std::size_t length, Access access) {
+  if (stopping_.load()) throw Error(ErrorCode::kCancelled, "register_memory: engine shut down");
+  if (data == nullptr || length == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "register_memory: null pointer or zero length");
+  }
+  if (static_cast<uint8_t>(access) > static_cast<uint8_t>(Access::kRemoteReadWrite)) {
+    throw Error(ErrorCode::kInvalidArgument, "register_memory: unknown access flags");
+  }
+  auto rec = std::make_shared<RegionRecord>();
+  rec->engine = shared_from_this();
+  rec->base = static_cast<uint8_t*>(data);
+  rec->length = length;
+  rec->access = access;
+  rec->key = nonzero_random();
+  rec->id = regions_.insert(rec->base, length, access, rec->key);
+
+  Descriptor& d = rec->descriptor;
+  d.engine_id = id;
+  d.incarnation = incarnation;
+  d.region_id = rec->id;
+  d.address = reinterpret_cast<uint64_t>(data);
+  d.length = length;
+  d.access = access;
+  for (auto& t : transports_) {
+    Descriptor::Key& key = d.keys[d.key_count];
+    key.transport = t->kind();
+    Status s = t->register_region(rec->id, rec->base, length, rec->key, key.bytes, key.length);
+    if (!s.ok()) {
+      deregister(*rec);
+      throw Error(s);
+    }
+    ++d.key_count;
+  }
+  return Region(std::move(rec));
+}
+
+void EngineImpl::deregister(RegionRecord& record) {
+  if (!record.registered.exchange(false)) return;
+  regions_.revoke(record.id);
+  for (auto& t : transports_) t->deregister_region(record.id);
+}
+
+std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(std::shared_ptr<PeerImpl> peer,
+                                                                      int streams) {
+  transport::tcp::TcpOptions options;
+  options.streams = streams;
+  options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
+  std::weak_ptr<PeerImpl> weak = peer;
+  std::weak_ptr<EngineImpl> weak_engine = weak_from_this();
+  return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak, weak_engine](const Status& why) {
+    auto p = weak.lock();
+    if (!p) return;
+    p->close(why);
+    if (auto e = weak_engine.lock()) e->peer_closed(p.get());
+  });
+}
+
+void EngineImpl::peer_closed(PeerImpl* peer) {
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(peers_, [peer](const auto& p) { return p.get() == peer; });
+    std::erase_if(joining_, [peer](const auto& j) { return j.second.peer.get() == peer; });
+  }
+  accept_cv_.notify_all();
+}
+
+Peer EngineImpl::connect(std::string_view host_port) {
+  if (stopping_.load()) throw Error(ErrorCode::kCancelled, "connect: engine shut down");
+  core::HostPort where;
+  core::throw_if_error(core::parse_host_port(host_port, where));
+  core::Deadline deadline = Clock::now() + config.connect_timeout;
+  core::Fd fd;
+  core::throw_if_error(core::connect_tcp(where, deadline, fd));
+  core::tune_socket(fd.get(), config.peer_timeout);
+
+  engine::Hello hello;
+  hello.engine_id = id;
+  hello.incarnation = incarnation;
+  hello.transports = config.transports;
+  core::random_bytes(hello.nonce);
+  hello.wants_auth = !config.secret.empty();
+  core::throw_if_error(write_frame(fd.get(), engine::encode(hello), deadline));
+
+  std::vector<uint8_t> body;
+  core::throw_if_error(expect(fd.get(), deadline, FrameType::kHelloAck, body));
+  engine::HelloAck ack;
+  core::throw_if_error(engine::decode(body, ack));
+  if (!config.secret.empty()) {
+    if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, hello.nonce,
+                                                                ack.nonce, id, ack.engine_id))) {
+      throw Error(ErrorCode::kAuthFailed, "connect " + where.to_string() +
+                                              ": peer did not prove knowledge of the shared secret");
+    }
+    engine::Auth auth{engine::auth_mac(config.secret, false, hello.nonce, ack.nonce, id, ack.engine_id)};
+    core::throw_if_error(write_frame(fd.get(), engine::encode(auth), deadline));
+    core::throw_if_error(expect(fd.get(), deadline, FrameType::kAuthOk, body));
+  } else if (ack.mac) {
+    throw Error(ErrorCode::kAuthFailed, "connect " + where.to_string() + ": peer requires a shared secret");
+  }
+
+  engine::Hello remote;
+  remote.engine_id = ack.engine_id;
+  remote.incarnation = ack.incarnation;
+  auto peer = std::make_shared<PeerImpl>(shared_from_this(), remote, where.to_string(),
+                                         ack.transport, std::move(fd));
+  peer->channel = make_channel(peer, ack.streams);
+  for (int i = 0; i < ack.streams; ++i) {
+    core::Fd sfd;
+    Status s = core::connect_tcp(where, deadline, sfd);
+    if (s.ok()) {
+      core::tune_socket(sfd.get(), config.peer_timeout);
+      engine::Join join;
+      join.token = ack.token;
+      join.stream = static_cast<uint8_t>(i);
+      s = write_frame(sfd.get(), engine::encode(join), deadline);
+    }
+    if (s.ok()) s = expect(sfd.get(), deadline, FrameType::kJoinOk, body);
+    if (s.ok()) s = peer->channel->attach(i, std::move(sfd));
+    if (!s.ok()) {
+      peer->close(s);
+      throw Error(s.code(), "connect " + where.to_string() + ": stream " + std::to_string(i) + ": " +
+                                s.message());
+    }
+  }
+  peer->start_control();
+  bool registered = false;
+  {
+    std::lock_guard lock(mu_);
+    if (!stopping_.load()) {
+      peers_.push_back(peer);
+      registered = true;
+    }
+  }
+  if (!registered) {
+    peer->close({ErrorCode::kCancelled, "engine shut down"});
+    throw Error(ErrorCode::kCancelled, "connect: engine shut down");
+  }
+  return Peer(peer);
+}
+
+std::optional<Peer> EngineImpl::accept(Duration timeout) {
+  std::unique_lock lock(mu_);
+  if (!accept_cv_.wait_for(lock, timeout, [&] { return !accepted_.empty() || stopping_.load(); }) ||
+      accepted_.empty()) {
+    return std::nullopt;
+  }
+  auto p = std::move(accepted_.front());
+  accepted_.pop_front();
+  return Peer(std::move(p));
+}
+
+void EngineImpl::acceptor_loop() {
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {stop_event_.get(), POLLIN, 0}};
+    int rc = ::poll(fds, 2, kHousekeepingMs);
+    if (stopping_.load()) break;
+    if (rc > 0 && (fds[0].revents & POLLIN)) {
+      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) serve_new_connection(core::Fd(fd));
+    }
+    housekeeping();
+  }
+}
+
+void EngineImpl::serve_new_connection(core::Fd fd) {
+  core::Deadline deadline = Clock::now() + config.connect_timeout;
+  core::tune_socket(fd.get(), config.peer_timeout);
+  FrameHeader h;
+  std::vector<uint8_t> body;
+  Status s = read_frame(fd.get(), deadline, h, body);
+  if (s.ok()) {
+    if (h.type == FrameType::kHello) {
+      s = serve_hello(fd, body, deadline);
+    } else if (h.type == FrameType::kJoin) {
+      s = serve_join(fd, body, deadline);
+    } else {
+      s = {ErrorCode::kProtocol, "expected hello or join"};
+    }
+  }
+  if (!s.ok() && fd.valid()) refuse(fd.get(), s, deadline);
+}
+
+Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline) {
+  engine::Hello hello;
+  if (Status s = engine::decode(body, hello); !s.ok()) return s;
+  bool offers_tcp = std::find(hello.transports.begin(), hello.transports.end(),
+                              TransportKind::kTcp) != hello.transports.end();
+  if (!offers_tcp) return {ErrorCode::kUnsupported, "no transport in common (this engine offers tcp)"};
+
+  engine::HelloAck ack;
+  ack.engine_id = id;
+  ack.incarnation = incarnation;
+  ack.transport = TransportKind::kTcp;
+  ack.streams = static_cast<uint8_t>(config.tcp_streams);
+  core::random_bytes(ack.nonce);
+  core::random_bytes(ack.token);
+  if (!config.secret.empty()) {
+    ack.mac = engine::auth_mac(config.secret, true, hello.nonce, ack.nonce, hello.engine_id, id);
+  }
+  if (Status s = write_frame(fd.get(), engine::encode(ack), deadline); !s.ok()) return s;
+  if (!config.secret.empty()) {
+    std::vector<uint8_t> auth_body;
+    FrameHeader h;
+    if (Status s = read_frame(fd.get(), deadline, h, auth_body); !s.ok()) return s;
+    engine::Auth auth;
+    if (h.type != FrameType::kAuth) return {ErrorCode::kAuthFailed, "authentication required"};
+    if (Status s = engine::decode(auth_body, auth); !s.ok()) return s;
+    if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, hello.nonce, ack.nonce,
+                                                    hello.engine_id, id))) {
+      return {ErrorCode::kAuthFailed, "wrong shared secret"};
+    }
+    if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kAuthOk), deadline); !s.ok()) {
+      return s;
+    }
+  }
+  std::string address = core::peer_name(fd.get());
+  auto peer = std::make_shared<PeerImpl>(shared_from_this(), hello, address, TransportKind::kTcp,
+                                         std::move(fd));
+  peer->channel = make_channel(peer, config.tcp_streams);
+  std::lock_guard lock(mu_);
+  joining_.push_back({ack.token, Joining{peer, 0, config.tcp_streams, deadline}});
+  return {};
+}
+
+Status EngineImpl::serve_join(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline) {
+  engine::Join join;
+  if (Status s = engine::decode(body, join); !s.ok()) return s;
+  std::shared_ptr<PeerImpl> peer;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find_if(joining_.begin(), joining_.end(),
+                           [&](const auto& j) { return j.first == join.token; });
+    if (it == joining_.end()) return {ErrorCode::kProtocol, "join: unknown session"};
+    peer = it->second.peer;
+  }
+  if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kJoinOk), deadline); !s.ok()) {
+    return s;
+  }
+  if (Status s = peer->channel->attach(join.stream, std::move(fd)); !s.ok()) {
+    peer->close(s);
+    return {};
+  }
+  bool ready = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = std::find_if(joining_.begin(), joining_.end(),
+                           [&](const auto& j) { return j.first == join.token; });
+    if (it != joining_.end() && ++it->second.joined == it->second.streams) {
+      joining_.erase(it);
+      peers_.push_back(peer);
+      accepted_.push_back(peer);
+      ready = true;
+    }
+  }
+  if (ready) {
+    peer->start_control();
+    accept_cv_.notify_all();
+  }
+  return {};
+}
+
+void EngineImpl::housekeeping() {
+  auto now = Clock::now();
+  std::vector<std::shared_ptr<PeerImpl>> expired, live;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = joining_.begin(); it != joining_.end();) {
+      if (now > it->second.deadline) {
+        expired.push_back(it->second.peer);
+        it = joining_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    live = peers_;
+  }
+  for (auto& p : expired) p->close({ErrorCode::kTimeout, "peer did not open all its streams in time"});
+  for (auto& p : live) p->housekeeping(now);
+}
+
+void EngineImpl::shutdown() {
+  if (stopping_.exchange(true)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(stop_event_.get(), &one, sizeof one);
+  if (acceptor_.joinable()) acceptor_.join();
+
+  std::vector<std::shared_ptr<PeerImpl>> all;
+  {
+    std::lock_guard lock(mu_);
+    all = peers_;
+    for (auto& j : joining_) all.push_back(j.second.peer);
+  }
+  Status cancelled{ErrorCode::kCancelled, "engine shut down"};
+  for (auto& p : all) p->close(cancelled);
+  // Let the progress threads stop the streams, which fails what was in flight.
+  auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (auto& p : all) {
+    while (!p->channel->fully_closed() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  reactor_->stop();
+  for (auto& p : all) p->channel->stop_after_reactor();
+  {
+    std::lock_guard lock(mu_);
+    peers_.clear();
+    joining_.clear();
+    accepted_.clear();
+  }
+  accept_cv_.notify_all();
+  imm_cv_.notify_all();
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,143 @@
+// The engine: region registry, peers and their connections, operation planning (slicing and
+// striping), write_with_imm notifications, liveness and shutdown.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/net.hpp"
+#include "core/reactor.hpp"
+#include "engine/handshake.hpp"
+#include "ferry/ferry.hpp"
+#include "transport/contract.hpp"
+#include "transport/tcp/tcp_channel.hpp"
+#include "transport/tcp/tcp_transport.hpp"
+
+namespace ferry::detail {
+
+class EngineImpl;
+
+// What a Region handle owns.
+struct RegionRecord {
+  std::shared_ptr<EngineImpl> engine;
+  uint32_t id = 0;
+  uint64_t key = 0;
+  uint8_t* base = nullptr;
+  uint64_t length = 0;
+  Access access = Access::kLocal;
+  Descriptor descriptor;
+  std::atomic<bool> registered{true};
+};
+
+class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
+ public:
+  PeerImpl(std::shared_ptr<EngineImpl> engine, const engine::Hello& remote, std::string address,
+           TransportKind transport, core::Fd control);
+
+  Future one_sided(transport::OpKind kind, std::span<const Transfer> batch, bool with_imm,
+                   uint32_t imm);
+  Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
+  Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
+  void close(const Status& reason);
+
+  // Control connection (liveness); called by the engine's housekeeping.
+  void start_control();
+  void housekeeping(Clock::time_point now);
+
+  const uint64_t engine_id;
+  const uint64_t incarnation;
+  const std::string address;
+  const TransportKind transport;
+  std::shared_ptr<EngineImpl> engine;
+  std::shared_ptr<transport::PeerLink> link;
+  std::shared_ptr<transport::tcp::TcpChannel> channel;
+  std::atomic<bool> lost{false};
+
+ private:
+  friend class EngineImpl;
+  struct Control;
+  transport::OpState* start_op(transport::OpKind kind);
+  Future fail_now(transport::OpState* op, Status status);
+  // Validates a local range and leases its region to the op until completion.
+  Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                    uint8_t** addr);
+  Future post(transport::OpState* op);
+
+  std::shared_ptr<Control> control_;
+  std::atomic<unsigned> next_lane_{0};
+};
+
+class EngineImpl final : public transport::Host, public std::enable_shared_from_this<EngineImpl> {
+ public:
+  explicit EngineImpl(const Config& config);
+  ~EngineImpl();
+  void start();  // after construction, once shared_from_this works
+
+  // transport::Host
+  transport::RegionTable& regions() override { return regions_; }
+  core::Reactor& reactor() override { return *reactor_; }
+  void deliver_imm(uint64_t peer_engine_id, uint32_t imm) override;
+
+  Region register_memory(void* data, std::size_t length, Access access);
+  void deregister(RegionRecord& record);
+  Peer connect(std::string_view host_port);
+  std::optional<Peer> accept(Duration timeout);
+  std::optional<ImmEvent> next_imm(Duration timeout);
+  void on_imm(std::function<void(const ImmEvent&)> fn);
+  void shutdown();
+
+  // The peer lost its connection (already closed); forget it.
+  void peer_closed(PeerImpl* peer);
+  std::shared_ptr<transport::tcp::TcpChannel> make_channel(std::shared_ptr<PeerImpl> peer, int streams);
+
+  const Config config;
+  const uint64_t id;
+  const uint64_t incarnation;
+  uint16_t port = 0;
+  std::string advertised_host;
+
+ private:
+  void acceptor_loop();
+  void serve_new_connection(core::Fd fd);
+  Status serve_hello(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline);
+  Status serve_join(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline);
+  void housekeeping();
+
+  transport::RegionTable regions_;
+  std::vector<std::unique_ptr<transport::Transport>> transports_;  // registration keys
+  std::unique_ptr<core::Reactor> reactor_;
+  core::Fd listener_;
+  core::Fd stop_event_;  // eventfd that wakes the acceptor
+  std::thread acceptor_;
+  std::atomic<bool> stopping_{false};
+
+  std::mutex mu_;  // peers, joining, accept queue
+  std::condition_variable accept_cv_;
+  std::vector<std::shared_ptr<PeerImpl>> peers_;
+  struct Joining {
+    std::shared_ptr<PeerImpl> peer;
+    int joined = 0;
+    int streams = 0;
+    Clock::time_point deadline;
+  };
+  std::vector<std::pair<engine::Token, Joining>> joining_;
+  std::deque<std::shared_ptr<PeerImpl>> accepted_;
+
+  std::mutex imm_mu_;
+  std::condition_variable imm_cv_;
+  std::deque<ImmEvent> imms_;
+  std::function<void(const ImmEvent&)> imm_callback_;
+};
+
+}  // namespace ferry::detail

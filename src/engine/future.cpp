@@ -1,0 +1,77 @@
+#include <thread>
+#include <utility>
+
+#include "ferry/ferry.hpp"
+#include "transport/op.hpp"
+
+namespace ferry {
+
+Future::Future(detail::OpState* op) : op_(op) {}
+Future::Future(const Future& o) : op_(o.op_) {
+  if (op_ != nullptr) op_->add_ref();
+}
+Future::Future(Future&& o) noexcept : op_(std::exchange(o.op_, nullptr)) {}
+Future& Future::operator=(const Future& o) {
+  if (this != &o) {
+    Future copy(o);
+    std::swap(op_, copy.op_);
+  }
+  return *this;
+}
+Future& Future::operator=(Future&& o) noexcept {
+  if (this != &o) {
+    Future old(std::move(*this));
+    op_ = std::exchange(o.op_, nullptr);
+  }
+  return *this;
+}
+Future::~Future() {
+  if (op_ != nullptr) op_->release();
+}
+
+bool Future::test() const {
+  return op_ != nullptr && op_->done.load(std::memory_order_acquire);
+}
+
+Status Future::status() const {
+  if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
+  detail::OpState* op = op_;
+  if (!op->done.load(std::memory_order_acquire)) return {ErrorCode::kInProgress, "operation running"};
+  return op->status;
+}
+
+Status Future::wait(Duration timeout) const {
+  if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
+  detail::OpState* op = op_;
+  auto deadline = Clock::now() + timeout;
+  // A short spin catches completions that arrive within a few microseconds without a sleep.
+  auto spin_until = Clock::now() + std::chrono::nanoseconds(op->spin_ns);
+  while (!op->done.load(std::memory_order_acquire) && Clock::now() < spin_until) {
+  }
+  if (!op->done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(op->mu);
+    if (!op->cv.wait_until(lock, deadline, [op] { return op->done.load(std::memory_order_acquire); })) {
+      return {ErrorCode::kTimeout, "operation still running after the wait timed out"};
+    }
+  }
+  return op->status;
+}
+
+uint64_t Future::bytes() const {
+  return op_ == nullptr ? 0 : op_->bytes.load(std::memory_order_acquire);
+}
+
+void Future::then(std::function<void(const Status&)> fn) const {
+  if (op_ == nullptr || !fn) return;
+  detail::OpState* op = op_;
+  {
+    std::lock_guard lock(op->mu);
+    if (!op->done.load(std::memory_order_acquire)) {
+      op->callback = std::move(fn);
+      return;
+    }
+  }
+  fn(op->status);
+}
+
+}  // namespace ferry

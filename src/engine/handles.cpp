@@ -1,0 +1,101 @@
+// The public handles (Engine, Peer, Region) forward to the engine layer.
+#include "engine/engine_impl.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+
+// ---- Region ----
+Region::Region(std::shared_ptr<detail::RegionRecord> record) : record_(std::move(record)) {}
+Region::Region(Region&&) noexcept = default;
+Region& Region::operator=(Region&& o) noexcept {
+  if (this != &o) {
+    deregister();
+    record_ = std::move(o.record_);
+  }
+  return *this;
+}
+Region::~Region() { deregister(); }
+
+void* Region::data() const noexcept { return record_ ? record_->base : nullptr; }
+std::size_t Region::size() const noexcept { return record_ ? record_->length : 0; }
+Access Region::access() const noexcept { return record_ ? record_->access : Access::kLocal; }
+Descriptor Region::descriptor() const {
+  if (!record_) throw Error(ErrorCode::kInvalidArgument, "descriptor: empty region");
+  return record_->descriptor;
+}
+void Region::deregister() {
+  if (!record_) return;
+  record_->engine->deregister(*record_);
+  record_.reset();
+}
+
+// ---- Peer ----
+namespace {
+Future empty_peer_future() {
+  throw Error(ErrorCode::kInvalidArgument, "operation on an empty Peer handle");
+}
+}  // namespace
+
+Future Peer::write(std::span<const Transfer> batch) const {
+  if (!impl_) return empty_peer_future();
+  return impl_->one_sided(transport::OpKind::kWrite, batch, false, 0);
+}
+Future Peer::read(std::span<const Transfer> batch) const {
+  if (!impl_) return empty_peer_future();
+  return impl_->one_sided(transport::OpKind::kRead, batch, false, 0);
+}
+Future Peer::write_with_imm(std::span<const Transfer> batch, uint32_t imm) const {
+  if (!impl_) return empty_peer_future();
+  return impl_->one_sided(transport::OpKind::kWrite, batch, true, imm);
+}
+Future Peer::send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const {
+  if (!impl_) return empty_peer_future();
+  return impl_->send(tag, local, offset, length);
+}
+Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const {
+  if (!impl_) return empty_peer_future();
+  return impl_->recv(tag, local, offset, capacity);
+}
+uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
+uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
+std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
+TransportKind Peer::transport() const { return impl_ ? impl_->transport : TransportKind::kTcp; }
+bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
+void Peer::close() const {
+  if (impl_) impl_->close({ErrorCode::kCancelled, "peer closed locally"});
+}
+
+// ---- Engine ----
+Engine::Engine(const Config& config) : impl_(std::make_shared<detail::EngineImpl>(config)) {
+  impl_->start();
+}
+Engine::~Engine() { shutdown(); }
+
+std::string Engine::address() const {
+  return core::HostPort{impl_->advertised_host, impl_->port}.to_string();
+}
+uint16_t Engine::port() const { return impl_->port; }
+uint64_t Engine::id() const { return impl_->id; }
+uint64_t Engine::incarnation() const { return impl_->incarnation; }
+const Config& Engine::config() const { return impl_->config; }
+Region Engine::register_memory(void* data, std::size_t length, Access access) {
+  return impl_->register_memory(data, length, access);
+}
+Peer Engine::connect(std::string_view host_port) { return impl_->connect(host_port); }
+std::optional<Peer> Engine::accept(Duration timeout) { return impl_->accept(timeout); }
+std::optional<ImmEvent> Engine::next_imm(Duration timeout) { return impl_->next_imm(timeout); }
+void Engine::on_imm(std::function<void(const ImmEvent&)> fn) { impl_->on_imm(std::move(fn)); }
+void Engine::shutdown() { impl_->shutdown(); }
+
+std::string_view Engine::version() { return FERRY_VERSION; }
+
+std::vector<TransportInfo> Engine::transports() {
+  return {
+      {TransportKind::kTcp, true, "built in; works on every host"},
+      {TransportKind::kVerbs, false, "not built into this version yet"},
+      {TransportKind::kShm, false, "not built into this version yet"},
+      {TransportKind::kCudaIpc, false, "not built into this version yet"},
+  };
+}
+
+}  // namespace ferry

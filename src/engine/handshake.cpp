@@ -1,0 +1,213 @@
+#include "engine/handshake.hpp"
+
+#include <string>
+
+#include "core/bytes.hpp"
+
+namespace ferry::engine {
+
+using core::ByteReader;
+using core::ByteWriter;
+using core::FrameType;
+
+namespace {
+// Transports a peer may offer; more is malformed.
+constexpr std::size_t kMaxOfferedTransports = 8;
+constexpr std::size_t kMaxErrorMessage = 1024;
+
+std::vector<uint8_t> frame(FrameType type, const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out(core::kFrameHeaderSize);
+  core::FrameHeader h;
+  h.type = type;
+  h.length = static_cast<uint32_t>(body.size());
+  core::encode_header(h, out.data());
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+bool valid_transport(uint8_t t) { return t >= 1 && t <= 4; }
+
+Status finish(const ByteReader& r, const char* what) {
+  if (!r.ok()) return {ErrorCode::kProtocol, std::string(what) + ": truncated or oversized"};
+  if (!r.at_end()) return {ErrorCode::kProtocol, std::string(what) + ": trailing bytes"};
+  return {};
+}
+
+Status check_version(uint16_t version, const char* what) {
+  if (version != kProtocolVersion) {
+    return {ErrorCode::kVersionMismatch, std::string(what) + ": peer speaks protocol version " +
+                                             std::to_string(version) + ", this engine " +
+                                             std::to_string(kProtocolVersion)};
+  }
+  return {};
+}
+}  // namespace
+
+std::vector<uint8_t> encode(const Hello& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.u32(m.magic);
+  w.u16(m.version);
+  w.u64(m.engine_id);
+  w.u64(m.incarnation);
+  w.u8(static_cast<uint8_t>(m.transports.size()));
+  for (TransportKind t : m.transports) w.u8(static_cast<uint8_t>(t));
+  w.bytes(m.nonce);
+  w.u8(m.wants_auth ? 1 : 0);
+  return frame(FrameType::kHello, b);
+}
+
+std::vector<uint8_t> encode(const HelloAck& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.u16(m.version);
+  w.u64(m.engine_id);
+  w.u64(m.incarnation);
+  w.u8(static_cast<uint8_t>(m.transport));
+  w.u8(m.streams);
+  w.bytes(m.nonce);
+  w.bytes(m.token);
+  w.u8(m.mac ? 1 : 0);
+  if (m.mac) w.bytes(*m.mac);
+  return frame(FrameType::kHelloAck, b);
+}
+
+std::vector<uint8_t> encode(const Auth& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.bytes(m.mac);
+  return frame(FrameType::kAuth, b);
+}
+
+std::vector<uint8_t> encode(const Join& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.u32(m.magic);
+  w.u16(m.version);
+  w.bytes(m.token);
+  w.u8(m.stream);
+  return frame(FrameType::kJoin, b);
+}
+
+std::vector<uint8_t> encode(const ErrorMsg& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.u16(static_cast<uint16_t>(m.code));
+  w.str(m.message.substr(0, kMaxErrorMessage));
+  return frame(FrameType::kError, b);
+}
+
+std::vector<uint8_t> encode_empty(FrameType type) { return frame(type, {}); }
+
+Status decode(std::span<const uint8_t> body, Hello& out) {
+  ByteReader r(body);
+  Hello m;
+  m.magic = r.u32();
+  if (r.ok() && m.magic != kMagic) return {ErrorCode::kProtocol, "hello: not a Ferry peer"};
+  m.version = r.u16();
+  if (r.ok()) {
+    if (Status s = check_version(m.version, "hello"); !s.ok()) return s;
+  }
+  m.engine_id = r.u64();
+  m.incarnation = r.u64();
+  std::size_t n = r.u8();
+  if (n > kMaxOfferedTransports) return {ErrorCode::kProtocol, "hello: too many transports"};
+  for (std::size_t i = 0; i < n && r.ok(); ++i) {
+    uint8_t t = r.u8();
+    if (r.ok() && !valid_transport(t)) {
+      return {ErrorCode::kProtocol, "hello: unknown transport " + std::to_string(t)};
+    }
+    m.transports.push_back(static_cast<TransportKind>(t));
+  }
+  r.bytes(m.nonce.data(), m.nonce.size());
+  uint8_t flags = r.u8();
+  if (r.ok() && flags > 1) return {ErrorCode::kProtocol, "hello: unknown flags"};
+  m.wants_auth = flags == 1;
+  if (Status s = finish(r, "hello"); !s.ok()) return s;
+  out = std::move(m);
+  return {};
+}
+
+Status decode(std::span<const uint8_t> body, HelloAck& out) {
+  ByteReader r(body);
+  HelloAck m;
+  m.version = r.u16();
+  if (r.ok()) {
+    if (Status s = check_version(m.version, "hello-ack"); !s.ok()) return s;
+  }
+  m.engine_id = r.u64();
+  m.incarnation = r.u64();
+  uint8_t t = r.u8();
+  if (r.ok() && !valid_transport(t)) return {ErrorCode::kProtocol, "hello-ack: unknown transport"};
+  m.transport = static_cast<TransportKind>(t);
+  m.streams = r.u8();
+  if (r.ok() && (m.streams < 1 || m.streams > 16)) {
+    return {ErrorCode::kProtocol, "hello-ack: " + std::to_string(m.streams) + " streams"};
+  }
+  r.bytes(m.nonce.data(), m.nonce.size());
+  r.bytes(m.token.data(), m.token.size());
+  uint8_t has_mac = r.u8();
+  if (r.ok() && has_mac > 1) return {ErrorCode::kProtocol, "hello-ack: bad mac flag"};
+  if (has_mac == 1) {
+    core::Mac mac{};
+    r.bytes(mac.data(), mac.size());
+    m.mac = mac;
+  }
+  if (Status s = finish(r, "hello-ack"); !s.ok()) return s;
+  out = m;
+  return {};
+}
+
+Status decode(std::span<const uint8_t> body, Auth& out) {
+  ByteReader r(body);
+  Auth m;
+  r.bytes(m.mac.data(), m.mac.size());
+  if (Status s = finish(r, "auth"); !s.ok()) return s;
+  out = m;
+  return {};
+}
+
+Status decode(std::span<const uint8_t> body, Join& out) {
+  ByteReader r(body);
+  Join m;
+  m.magic = r.u32();
+  if (r.ok() && m.magic != kMagic) return {ErrorCode::kProtocol, "join: not a Ferry peer"};
+  m.version = r.u16();
+  if (r.ok()) {
+    if (Status s = check_version(m.version, "join"); !s.ok()) return s;
+  }
+  r.bytes(m.token.data(), m.token.size());
+  m.stream = r.u8();
+  if (Status s = finish(r, "join"); !s.ok()) return s;
+  out = m;
+  return {};
+}
+
+Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
+  ByteReader r(body);
+  ErrorMsg m;
+  uint16_t code = r.u16();
+  if (r.ok() && (code == 0 || code > static_cast<uint16_t>(ErrorCode::kUnsupported))) {
+    return {ErrorCode::kProtocol, "error: unknown code " + std::to_string(code)};
+  }
+  m.code = static_cast<ErrorCode>(code);
+  m.message = r.str(kMaxErrorMessage);
+  if (Status s = finish(r, "error"); !s.ok()) return s;
+  out = std::move(m);
+  return {};
+}
+
+core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
+                   const Nonce& server_nonce, uint64_t client_id, uint64_t server_id) {
+  std::vector<uint8_t> msg;
+  ByteWriter w(msg);
+  std::string_view role = server ? "ferry-server-v1" : "ferry-client-v1";
+  w.bytes({reinterpret_cast<const uint8_t*>(role.data()), role.size()});
+  w.bytes(client_nonce);
+  w.bytes(server_nonce);
+  w.u64(client_id);
+  w.u64(server_id);
+  return core::hmac_sha256(secret, msg);
+}
+
+}  // namespace ferry::engine

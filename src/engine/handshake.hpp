@@ -1,0 +1,83 @@
+// Control-connection messages (the bodies of control frames) and their codecs.
+// Wire layout and the authentication exchange are specified in docs/protocol.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/crypto.hpp"
+#include "core/frame.hpp"
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
+
+namespace ferry::engine {
+
+constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
+constexpr uint16_t kProtocolVersion = 1;
+
+using Nonce = std::array<uint8_t, 16>;
+using Token = std::array<uint8_t, 16>;
+
+struct Hello {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint64_t engine_id = 0;
+  uint64_t incarnation = 0;
+  std::vector<TransportKind> transports;
+  Nonce nonce{};
+  bool wants_auth = false;
+};
+
+struct HelloAck {
+  uint16_t version = kProtocolVersion;
+  uint64_t engine_id = 0;
+  uint64_t incarnation = 0;
+  TransportKind transport = TransportKind::kTcp;
+  uint8_t streams = 1;
+  Nonce nonce{};
+  Token token{};
+  std::optional<core::Mac> mac;  // present when the server has a secret
+};
+
+struct Auth {
+  core::Mac mac{};
+};
+
+struct Join {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  Token token{};
+  uint8_t stream = 0;
+};
+
+struct ErrorMsg {
+  ErrorCode code = ErrorCode::kProtocol;
+  std::string message;
+};
+
+// A whole control frame: header + body.
+std::vector<uint8_t> encode(const Hello& m);
+std::vector<uint8_t> encode(const HelloAck& m);
+std::vector<uint8_t> encode(const Auth& m);
+std::vector<uint8_t> encode(const Join& m);
+std::vector<uint8_t> encode(const ErrorMsg& m);
+std::vector<uint8_t> encode_empty(core::FrameType type);
+
+// Body decoders: reject truncated, oversized or trailing input with kProtocol, a foreign magic
+// with kProtocol and another version with kVersionMismatch.
+Status decode(std::span<const uint8_t> body, Hello& out);
+Status decode(std::span<const uint8_t> body, HelloAck& out);
+Status decode(std::span<const uint8_t> body, Auth& out);
+Status decode(std::span<const uint8_t> body, Join& out);
+Status decode(std::span<const uint8_t> body, ErrorMsg& out);
+
+// What each side signs: its role, both nonces and both identities, so a MAC cannot be
+// replayed in another session or reflected back at its sender.
+core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
+                   const Nonce& server_nonce, uint64_t client_id, uint64_t server_id);
+
+}  // namespace ferry::engine

@@ -1,0 +1,85 @@
+// The contract every transport implements (TCP today; verbs, shared memory and CUDA IPC next).
+// It is shaped after RDMA: regions registered up front with per-transport keys, operations
+// planned by the engine into slices spread over lanes (sockets, queue pairs), posted in
+// batches, completed per slice, with back-pressure inside the transport. See
+// docs/architecture.md for the rules.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/reactor.hpp"
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
+#include "transport/matcher.hpp"
+#include "transport/op.hpp"
+#include "transport/region_table.hpp"
+
+namespace ferry::transport {
+
+// What the engine lends its transports.
+class Host {
+ public:
+  virtual RegionTable& regions() = 0;
+  virtual core::Reactor& reactor() = 0;
+  // A write_with_imm from `peer_engine_id` is fully visible in our memory.
+  virtual void deliver_imm(uint64_t peer_engine_id, uint32_t imm) = 0;
+
+ protected:
+  ~Host() = default;
+};
+
+// State of one peer shared by the engine and the peer's channel.
+struct PeerLink {
+  PeerLink(uint64_t remote_engine_id, std::size_t max_unexpected_bytes)
+      : remote_engine_id(remote_engine_id),
+        pool(std::make_shared<OpPool>()),
+        matcher(max_unexpected_bytes) {}
+  uint64_t remote_engine_id;
+  std::shared_ptr<OpPool> pool;
+  Matcher matcher;
+};
+
+enum Capability : uint32_t {
+  kCapOneSided = 1,       // write / read without the target's CPU in the data path (RDMA)
+  kCapCrossHost = 2,      // reaches other machines
+  kCapInlineSmall = 4,    // small payloads travel inside the work request
+};
+
+enum class PostResult : uint8_t {
+  kAccepted,  // every slice handed to the wire or the NIC
+  kQueued,    // some slices wait for credits; the transport posts them as credits return
+};
+
+// A connection to one peer over one transport: the data path.
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
+  virtual int lanes() const = 0;
+  // Posts a planned operation (see engine/planner.hpp); the op is already marked posted. On a
+  // closing channel nothing is sent and the closing path fails the op.
+  virtual PostResult post(OpState* op) = 0;
+  // Closes the connection: every posted op fails with `reason`. Asynchronous and idempotent;
+  // `on_closed` (given at creation) runs once when nothing touches user memory any more.
+  virtual void close(const Status& reason) = 0;
+  virtual bool closed() const = 0;
+};
+
+// A transport: registration keys and capabilities. Connection set-up is transport-specific
+// and driven by the engine over the control connection.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual TransportKind kind() const = 0;
+  virtual uint32_t capabilities() const = 0;
+  // Writes this transport's key for a region into `key` (bytes and length).
+  virtual Status register_region(uint32_t region_id, uint8_t* base, uint64_t length,
+                                 uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) = 0;
+  virtual void deregister_region(uint32_t region_id) = 0;
+};
+
+}  // namespace ferry::transport

@@ -1,0 +1,152 @@
+#include "transport/op.hpp"
+
+namespace ferry::transport {
+
+void advance(const OpState& op, LaneCursor& cursor, uint64_t n) {
+  while (n > 0 && cursor.entry < op.entries.size()) {
+    const OpEntry& e = op.entries[cursor.entry];
+    uint64_t left = slice_count(e.length - cursor.offset, op.slice_bytes);
+    if (n < left) {
+      cursor.offset += n * op.slice_bytes;
+      return;
+    }
+    n -= left;
+    ++cursor.entry;
+    cursor.offset = 0;
+  }
+}
+
+}  // namespace ferry::transport
+
+namespace ferry::detail {
+
+void OpState::release() {
+  if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  std::shared_ptr<OpPool> keep = std::move(pool_keepalive);
+  pool->recycle(this);
+  // `keep` may destroy the pool, and this op with it, here.
+}
+
+void OpState::record_error(const Status& s) {
+  std::lock_guard lock(mu);
+  if (!has_error) {
+    has_error = true;
+    status = s;
+  }
+}
+
+bool OpState::complete() {
+  uint8_t expected = kPosted;
+  bool was_posted = stage.compare_exchange_strong(expected, kDone);
+  if (!was_posted && expected != kIdle) return false;
+  stage.store(kDone);
+  for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
+  leases.clear();
+  std::function<void(const Status&)> fn;
+  {
+    std::lock_guard lock(mu);
+    done.store(true, std::memory_order_release);
+    fn = std::move(callback);
+    callback = nullptr;
+  }
+  cv.notify_all();
+  if (fn) fn(status);
+  return was_posted;
+}
+
+void OpState::reset_for_reuse() {
+  kind = OpKind::kWrite;
+  with_imm = false;
+  imm = 0;
+  tag = 0;
+  entries.clear();
+  leases.clear();
+  lane_count = 0;
+  first_lane = 0;
+  pending.store(0);
+  bytes.store(0);
+  has_error = false;
+  status = Status();
+  callback = nullptr;
+  done.store(false);
+  stage.store(kIdle);
+}
+
+}  // namespace ferry::detail
+
+namespace ferry::transport {
+
+OpPool::~OpPool() {
+  for (auto& b : blocks_) delete b.load();
+}
+
+OpState* OpPool::acquire() {
+  OpState* op;
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      op = free_.back();
+      free_.pop_back();
+    } else {
+      uint32_t slot = static_cast<uint32_t>(owned_.size());
+      if (slot >= kBlocks << kBlockBits) {
+        throw Error(ErrorCode::kResourceExhausted, "too many operations in flight on one peer");
+      }
+      owned_.push_back(std::make_unique<OpState>());
+      op = owned_.back().get();
+      op->slot = slot;
+      op->pool = this;
+      Block* block = blocks_[slot >> kBlockBits].load();
+      if (block == nullptr) {
+        block = new Block;
+        blocks_[slot >> kBlockBits].store(block);
+      }
+      block->ops[slot & ((1u << kBlockBits) - 1)].store(op);
+    }
+  }
+  op->reset_for_reuse();
+  uint64_t generation = (op->id.load() >> 32) + 1;
+  op->id.store((generation << 32) | op->slot, std::memory_order_release);
+  op->pool_keepalive = shared_from_this();
+  op->refs.store(1);
+  return op;
+}
+
+OpState* OpPool::lookup(uint64_t id) const {
+  uint32_t slot = static_cast<uint32_t>(id);
+  if (slot >= kBlocks << kBlockBits) return nullptr;
+  Block* block = blocks_[slot >> kBlockBits].load(std::memory_order_acquire);
+  if (block == nullptr) return nullptr;
+  OpState* op = block->ops[slot & ((1u << kBlockBits) - 1)].load(std::memory_order_acquire);
+  if (op == nullptr || op->id.load(std::memory_order_acquire) != id) return nullptr;
+  if (op->stage.load(std::memory_order_acquire) != OpState::kPosted) return nullptr;
+  return op;
+}
+
+bool OpPool::mark_posted(OpState* op) {
+  std::lock_guard lock(mu_);
+  if (closed_) return false;
+  op->add_ref();
+  op->stage.store(OpState::kPosted);
+  return true;
+}
+
+std::vector<OpState*> OpPool::close_and_collect() {
+  std::vector<OpState*> posted;
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  for (auto& op : owned_) {
+    if (op->stage.load() == OpState::kPosted) {
+      op->add_ref();
+      posted.push_back(op.get());
+    }
+  }
+  return posted;
+}
+
+void OpPool::recycle(OpState* op) {
+  std::lock_guard lock(mu_);
+  free_.push_back(op);
+}
+
+}  // namespace ferry::transport

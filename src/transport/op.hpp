@@ -1,0 +1,165 @@
+// Operation state: one per user operation, pooled per peer and never reused while a Future or
+// the transport still refers to it. The wire carries op ids (slot | generation << 32), so a
+// late or forged completion for a reused slot is recognised and rejected.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "transport/region_table.hpp"
+
+namespace ferry::detail {
+struct OpState;  // named in the public API (Future), defined below
+}  // namespace ferry::detail
+
+namespace ferry::transport {
+
+using OpState = ::ferry::detail::OpState;
+
+enum class OpKind : uint8_t { kWrite, kRead, kSend, kRecv };
+
+// One contiguous piece of a batch.
+struct OpEntry {
+  uint8_t* local = nullptr;
+  uint64_t length = 0;
+  uint32_t remote_region = 0;
+  uint64_t remote_key = 0;
+  uint64_t remote_offset = 0;
+};
+
+// Where a stream (lane) stands in an operation: the next slice it sends.
+struct LaneCursor {
+  uint32_t entry = 0;
+  uint64_t offset = 0;     // within the entry
+  uint64_t remaining = 0;  // slices this lane still has to send
+};
+
+class OpPool;
+
+// Slices an entry of `length` bytes is cut into (small entries are never split).
+inline uint64_t slice_count(uint64_t length, uint64_t slice_bytes) {
+  return (length + slice_bytes - 1) / slice_bytes;
+}
+// Moves `cursor` forward by `n` slices of the op's batch (the remaining count is the caller's).
+void advance(const OpState& op, LaneCursor& cursor, uint64_t n);
+
+}  // namespace ferry::transport
+
+namespace ferry::detail {
+
+struct OpState {
+  using OpKind = transport::OpKind;
+  using OpEntry = transport::OpEntry;
+  using LaneCursor = transport::LaneCursor;
+  using OpPool = transport::OpPool;
+  using RegionSlot = transport::RegionSlot;
+
+  static constexpr int kMaxLanes = 16;
+  enum Stage : uint8_t { kIdle, kPosted, kDone };
+
+  // Identity and lifetime.
+  std::atomic<uint32_t> refs{0};
+  std::atomic<uint64_t> id{0};
+  uint32_t slot = 0;
+  OpPool* pool = nullptr;
+  std::shared_ptr<OpPool> pool_keepalive;  // set while referenced
+
+  // What to do.
+  OpKind kind = OpKind::kWrite;
+  bool with_imm = false;
+  uint32_t imm = 0;
+  uint64_t tag = 0;
+  uint64_t slice_bytes = 0;
+  int64_t spin_ns = 0;  // Future::wait spins this long before sleeping
+  std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
+  std::vector<RegionSlot*> leases;   // local regions held until completion
+
+  // Lanes (TCP streams) the op is spread over.
+  int lane_count = 0;
+  int first_lane = 0;
+  LaneCursor lanes[kMaxLanes];
+  OpState* lane_next[kMaxLanes] = {};  // intrusive per-stream send queue links
+
+  // Progress.
+  std::atomic<uint8_t> stage{kIdle};
+  std::atomic<int64_t> pending{0};  // slices (or messages) not yet completed
+  std::atomic<uint64_t> bytes{0};
+
+  // Completion.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool has_error = false;  // guarded by mu
+  Status status;           // guarded by mu until done
+  std::function<void(const Status&)> callback;
+  std::atomic<bool> done{false};
+
+  void add_ref() { refs.fetch_add(1, std::memory_order_relaxed); }
+  void release();
+
+  // Records the first failure; later ones are dropped (the first names the cause).
+  void record_error(const Status& s);
+  // Accounts `n` finished slices; the caller that brings `pending` to zero completes the op.
+  bool finish_slices(int64_t n) { return pending.fetch_sub(n, std::memory_order_acq_rel) == n; }
+  // Marks the operation complete exactly once: releases leases, wakes waiters, runs the callback.
+  // Returns false when it was already complete.
+  bool complete();
+  // Completes at once with `s` (nothing was posted).
+  void complete_with(const Status& s) {
+    if (!s.ok()) record_error(s);
+    complete();
+  }
+  // Completes a posted op and drops the reference the transport held while it was posted.
+  void finish_posted() {
+    if (complete()) release();
+  }
+  void reset_for_reuse();
+};
+
+}  // namespace ferry::detail
+
+namespace ferry::transport {
+
+// Per-peer pool of operation states with id lookup for completions arriving from the wire.
+class OpPool : public std::enable_shared_from_this<OpPool> {
+ public:
+  OpPool() = default;
+  ~OpPool();
+  OpPool(const OpPool&) = delete;
+  OpPool& operator=(const OpPool&) = delete;
+
+  // A fresh op with one reference (the caller's), stage kIdle.
+  OpState* acquire();
+  // The op with this id if it is posted and not complete; no reference is taken: valid only
+  // on the stream's progress thread while the op is posted, which keeps a reference.
+  OpState* lookup(uint64_t id) const;
+
+  // Marks the op posted, taking the transport's reference, unless the pool was closed (then it
+  // returns false and the caller fails the op). Closing and posting exclude each other.
+  bool mark_posted(OpState* op);
+  // Closes the pool for posting and returns every posted op still incomplete, each with a
+  // reference the caller must release.
+  std::vector<OpState*> close_and_collect();
+
+ private:
+  friend struct ::ferry::detail::OpState;
+  void recycle(OpState* op);
+
+  static constexpr uint32_t kBlockBits = 10;
+  static constexpr uint32_t kBlocks = 1024;  // up to 1M ops per peer at once
+  struct Block {
+    std::atomic<OpState*> ops[1u << kBlockBits] = {};
+  };
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::vector<OpState*> free_;
+  std::vector<std::unique_ptr<OpState>> owned_;
+  std::atomic<Block*> blocks_[kBlocks] = {};
+};
+
+}  // namespace ferry::transport

@@ -1,0 +1,84 @@
+#include "transport/region_table.hpp"
+
+#include <string>
+#include <thread>
+
+namespace ferry::transport {
+
+RegionTable::RegionTable() : slots_(new RegionSlot[kMaxRegions]) {}
+
+uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint64_t key) {
+  uint32_t index;
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else if (next_unused_ < kMaxRegions) {
+      index = next_unused_++;
+    } else {
+      throw Error(ErrorCode::kResourceExhausted,
+                  "register_memory: all " + std::to_string(kMaxRegions - 1) + " region slots in use");
+    }
+  }
+  RegionSlot& slot = slots_[index];
+  uint32_t generation = (slot.id.load() >> kSlotBits) + 1;
+  uint32_t id = (generation << kSlotBits) | index;
+  slot.base = base;
+  slot.length = length;
+  slot.access = access;
+  slot.key = key;
+  slot.id.store(id);
+  slot.state.store(RegionSlot::kActive);
+  return id;
+}
+
+void RegionTable::revoke(uint32_t id) {
+  uint32_t index = id & (kMaxRegions - 1);
+  RegionSlot& slot = slots_[index];
+  if (slot.id.load() != id || slot.state.load() != RegionSlot::kActive) return;
+  slot.state.store(RegionSlot::kRevoked);
+  // In-flight accesses finish or fail within the peer timeout, so this wait is bounded.
+  // Accesses are usually over within microseconds: yield first, then sleep to spare the CPU.
+  for (int spins = 0; slot.users.load() != 0; ++spins) {
+    if (spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  std::lock_guard lock(mu_);
+  free_.push_back(index);
+}
+
+Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
+                            Access wanted, uint8_t** addr, RegionUse& use) {
+  uint32_t index = id & (kMaxRegions - 1);
+  if (index == 0) return {ErrorCode::kUnknownRegion, "region " + std::to_string(id) + " unknown"};
+  RegionSlot& slot = slots_[index];
+  slot.users.fetch_add(1);
+  RegionUse held(&slot);
+  if (slot.id.load() != id) {
+    return {ErrorCode::kUnknownRegion, "region " + std::to_string(id) + " unknown"};
+  }
+  if (slot.state.load() != RegionSlot::kActive) {
+    return {ErrorCode::kRevoked, "region " + std::to_string(id) + " was deregistered"};
+  }
+  if (slot.key != key) return {ErrorCode::kWrongKey, "region " + std::to_string(id) + ": wrong key"};
+  if (!allows(slot.access, wanted)) {
+    return {ErrorCode::kPermissionDenied,
+            "region " + std::to_string(id) + " does not grant remote " +
+                (wanted == Access::kRemoteRead ? "read" : "write")};
+  }
+  if (offset > slot.length || length > slot.length - offset) {
+    return {ErrorCode::kOutOfBounds, "region " + std::to_string(id) + ": offset " +
+                                         std::to_string(offset) + " + length " +
+                                         std::to_string(length) + " exceeds its length " +
+                                         std::to_string(slot.length)};
+  }
+  *addr = slot.base + offset;
+  use = std::move(held);
+  return {};
+}
+
+}  // namespace ferry::transport

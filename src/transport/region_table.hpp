@@ -1,0 +1,91 @@
+// The registry of an engine's regions, read lock-free by progress threads on every access.
+//
+// Slots are preallocated and never freed, so a reader may touch a slot whose region is being
+// deregistered: it raises `users`, then checks state and id. Deregistration first marks the slot
+// revoked and then waits for `users` to drain, so once it returns no access is in progress and
+// none can start (the classic store-then-load handshake, all seq_cst).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
+
+namespace ferry::transport {
+
+struct RegionSlot {
+  enum State : uint8_t { kFree = 0, kActive = 1, kRevoked = 2 };
+  std::atomic<uint32_t> id{0};
+  std::atomic<uint8_t> state{kFree};
+  std::atomic<int64_t> users{0};
+  // Written before state becomes kActive, read only after a successful acquire.
+  uint8_t* base = nullptr;
+  uint64_t length = 0;
+  Access access = Access::kLocal;
+  uint64_t key = 0;
+};
+
+// The outcome of validating one access; holds a use of the region until released.
+class RegionUse {
+ public:
+  RegionUse() = default;
+  explicit RegionUse(RegionSlot* slot) : slot_(slot) {}
+  RegionUse(RegionUse&& o) noexcept : slot_(o.slot_) { o.slot_ = nullptr; }
+  RegionUse& operator=(RegionUse&& o) noexcept {
+    if (this != &o) {
+      release();
+      slot_ = o.slot_;
+      o.slot_ = nullptr;
+    }
+    return *this;
+  }
+  RegionUse(const RegionUse&) = delete;
+  RegionUse& operator=(const RegionUse&) = delete;
+  ~RegionUse() { release(); }
+  void release() {
+    if (slot_ != nullptr) slot_->users.fetch_sub(1);
+    slot_ = nullptr;
+  }
+  // Hands the use to the caller, who must call RegionTable::release(slot) later.
+  RegionSlot* detach() {
+    RegionSlot* s = slot_;
+    slot_ = nullptr;
+    return s;
+  }
+  bool valid() const { return slot_ != nullptr; }
+
+ private:
+  RegionSlot* slot_ = nullptr;
+};
+
+class RegionTable {
+ public:
+  // Slot index bits in a region id; the rest counts reuses of the slot, so a stale id fails.
+  static constexpr uint32_t kSlotBits = 16;
+  static constexpr uint32_t kMaxRegions = 1u << kSlotBits;
+
+  RegionTable();
+
+  // Returns the new region's id, or throws kResourceExhausted.
+  uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key);
+  // Revokes the region and waits until no access to it is in progress.
+  void revoke(uint32_t id);
+
+  // Validates an access of [offset, offset + length) wanting `wanted` rights and, on success,
+  // stores the address in `*addr` and the use in `use`.
+  Status acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length, Access wanted,
+                 uint8_t** addr, RegionUse& use);
+  static void release(RegionSlot* slot) { slot->users.fetch_sub(1); }
+
+ private:
+  std::unique_ptr<RegionSlot[]> slots_;
+  std::mutex mu_;  // guards free_ and next_unused_ (registration only, never the data path)
+  std::vector<uint32_t> free_;
+  uint32_t next_unused_ = 1;  // slot 0 is never used, so id 0 is never valid
+};
+
+}  // namespace ferry::transport

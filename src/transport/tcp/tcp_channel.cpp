@@ -1,0 +1,754 @@
+#include "transport/tcp/tcp_channel.hpp"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "core/sys.hpp"
+
+namespace ferry::transport::tcp {
+
+using core::FrameHeader;
+using core::FrameType;
+
+namespace {
+// Frames handed to one writev. 64 covers a full window of 64 KiB slices plus acks; more did not
+// raise loopback bandwidth (docs/performance.md).
+constexpr int kMaxStaged = 64;
+// Staging buffer for small frames; one recv drains many acks or small writes at once.
+constexpr std::size_t kRecvBufferBytes = 256 << 10;
+// Payload left at or above this is received straight into its destination, skipping the copy.
+constexpr std::size_t kDirectRecvMin = 16 << 10;
+// recv calls per readiness event before yielding to the loop's other sockets.
+constexpr int kRecvCallsPerEvent = 16;
+// Unfinished write_with_imm operations a peer may have open at once on this connection.
+constexpr std::size_t kMaxImmInProgress = 1 << 16;
+
+Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
+}  // namespace
+
+// An outbound frame: header plus optional payload, and what to release once it is on the wire.
+struct Outbound {
+  uint8_t header[core::kFrameHeaderSize];
+  const uint8_t* payload = nullptr;
+  uint64_t payload_length = 0;
+  RegionSlot* lease = nullptr;  // region held while its bytes are being sent
+  std::string text;             // error text payload
+};
+
+// A response the progress thread owes the peer: an ack or read data.
+struct Response {
+  FrameHeader header;
+  const uint8_t* payload = nullptr;
+  RegionSlot* lease = nullptr;
+  std::string text;
+};
+
+struct TcpChannel::Stream final : core::Reactor::Handler {
+  Stream(TcpChannel& channel, int index) : ch(channel), index(index) {}
+
+  TcpChannel& ch;
+  const int index;
+  int loop = 0;
+  core::Fd fd;
+  std::shared_ptr<TcpChannel> keep_channel;  // dropped when the stream stops
+  bool attached = false;                     // set once under the channel's close_mu_
+  bool stopped = false;                      // loop thread only
+
+  // ---- receive side: loop thread only ----
+  std::vector<uint8_t> rbuf = std::vector<uint8_t>(kRecvBufferBytes);
+  std::size_t rpos = 0, rend = 0;
+  bool in_payload = false;
+  FrameHeader cur;
+  uint8_t* sink = nullptr;    // where payload bytes go; null: discard
+  uint64_t sink_left = 0;     // bytes still to place in sink
+  uint64_t discard_left = 0;  // bytes to drop after the sink is full
+  Status frame_error;         // why the current inbound frame is refused
+  RegionUse frame_use;        // target region of the current kWrite
+  OpState* frame_op = nullptr;
+  std::vector<uint8_t> frame_text;
+  std::vector<uint8_t> frame_buffer;  // unexpected send() message
+  uint64_t frame_copied = 0;
+  bool need_flush = false;
+  bool last_payload_large = false;
+
+  // ---- send side: guarded by send_mu ----
+  std::mutex send_mu;
+  bool closed = false;
+  bool want_out = false;
+  OpState* queue_head = nullptr;
+  OpState* queue_tail = nullptr;
+  core::Ring<Response> responses;
+  Outbound staged[kMaxStaged];
+  int staged_head = 0, staged_count = 0;
+  std::size_t front_sent = 0;
+  int credits = 0;
+  int outstanding = 0;  // slices sent and not yet answered
+
+  int lane_of(const OpState* op) const {
+    int n = static_cast<int>(ch.streams_.size());
+    int lane = (index - op->first_lane + n) % n;
+    return lane < op->lane_count ? lane : -1;
+  }
+
+  void on_event(uint32_t events) override;
+
+  // All called with send_mu held.
+  void enqueue_locked(OpState* op);
+  bool stage_more_locked();
+  Status flush_locked();
+  void arm_locked(bool out);
+  void stage_response_locked(Response& r);
+  void stage_slice_locked(OpState* op, int lane);
+
+  // Loop thread.
+  Status read_some(bool& would_block);
+  Status begin_frame();
+  Status end_frame();
+  Status lookup_reply_op(OpKind kind);
+  void respond(FrameHeader h, Status status, const uint8_t* payload = nullptr,
+               RegionSlot* lease = nullptr);
+  void fail(const Status& reason);
+  void stop();
+};
+
+// ---------------------------------------------------------------------------------------------
+// Channel
+
+std::shared_ptr<TcpChannel> TcpChannel::create(Host& host, std::shared_ptr<PeerLink> link,
+                                               const TcpOptions& options,
+                                               std::function<void(const Status&)> on_closed) {
+  return std::shared_ptr<TcpChannel>(
+      new TcpChannel(host, std::move(link), options, std::move(on_closed)));
+}
+
+TcpChannel::TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOptions& options,
+                       std::function<void(const Status&)> on_closed)
+    : host_(host), link_(std::move(link)), options_(options), on_closed_(std::move(on_closed)) {
+  if (options_.streams < 1 || options_.streams > OpState::kMaxLanes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "tcp_streams must be 1.." + std::to_string(OpState::kMaxLanes));
+  }
+  for (int i = 0; i < options_.streams; ++i) {
+    auto s = std::make_shared<Stream>(*this, i);
+    s->credits = options_.slices_in_flight_per_stream;
+    streams_.push_back(std::move(s));
+  }
+}
+
+TcpChannel::~TcpChannel() = default;
+
+Status TcpChannel::attach(int index, core::Fd fd) {
+  if (index < 0 || index >= static_cast<int>(streams_.size())) {
+    return {ErrorCode::kProtocol, "join: stream index " + std::to_string(index) + " out of range"};
+  }
+  // Under close_mu_, so a concurrent close() either sees this stream attached or refuses it.
+  std::lock_guard close_lock(close_mu_);
+  if (closing_.load()) return {ErrorCode::kPeerLost, "join: connection already closed"};
+  Stream& s = *streams_[static_cast<std::size_t>(index)];
+  if (s.attached) return {ErrorCode::kProtocol, "join: stream " + std::to_string(index) + " twice"};
+  if (Status st = core::set_nonblocking(fd.get(), true); !st.ok()) return st;
+  s.fd = std::move(fd);
+  s.loop = host_.reactor().pick_loop();
+  s.keep_channel = shared_from_this();
+  std::lock_guard lock(s.send_mu);
+  s.attached = true;  // before the loop can see the stream
+  live_streams_.fetch_add(1);
+  if (Status st = host_.reactor().add(s.loop, s.fd.get(), EPOLLIN | EPOLLRDHUP, &s); !st.ok()) {
+    s.attached = false;
+    live_streams_.fetch_sub(1);
+    s.keep_channel.reset();
+    return st;
+  }
+  return {};
+}
+
+PostResult TcpChannel::post(OpState* op) {
+  PostResult result = PostResult::kAccepted;
+  int n = static_cast<int>(streams_.size());
+  for (int lane = 0; lane < op->lane_count; ++lane) {
+    Stream& s = *streams_[static_cast<std::size_t>((op->first_lane + lane) % n)];
+    std::lock_guard lock(s.send_mu);
+    if (s.closed) continue;  // closing: the close path fails the op
+    s.enqueue_locked(op);
+    if (Status st = s.flush_locked(); !st.ok()) {
+      close(st);
+      continue;
+    }
+    if (s.queue_head != nullptr) result = PostResult::kQueued;
+  }
+  return result;
+}
+
+void TcpChannel::close(const Status& reason) {
+  std::vector<std::shared_ptr<Stream>> attached;
+  {
+    std::lock_guard lock(close_mu_);
+    if (closing_.exchange(true)) return;
+    close_reason_ = reason;
+    for (auto& s : streams_) {
+      if (s->attached) attached.push_back(s);
+    }
+    // Counts as one live stream until the loop below is done, so the last stream to stop
+    // cannot finish the close before every stop was scheduled.
+    live_streams_.fetch_add(1);
+  }
+  for (auto& s : attached) {
+    // The fd stays open until the stream is destroyed, so this never hits a reused number.
+    ::shutdown(s->fd.get(), SHUT_RDWR);
+    host_.reactor().post(s->loop, [s] { s->stop(); });
+  }
+  stream_stopped();
+}
+
+void TcpChannel::stop_after_reactor() {
+  for (auto& s : streams_) s->stop();
+}
+
+void TcpChannel::stream_stopped() {
+  if (live_streams_.fetch_sub(1) != 1 || !closing_.load()) return;
+  // Nothing receives into or sends from user memory any more: fail what is left.
+  Status reason;
+  {
+    std::lock_guard lock(close_mu_);
+    reason = close_reason_;
+  }
+  // The peer is marked lost before any future completes, so a caller woken by a failure
+  // already sees connected() == false.
+  if (on_closed_) on_closed_(reason);
+  link_->matcher.take_posted();
+  for (OpState* op : link_->pool->close_and_collect()) {
+    op->record_error(reason);
+    op->finish_posted();
+    op->release();
+  }
+}
+
+void TcpChannel::imm_frame_failed(uint64_t op_id) {
+  std::lock_guard lock(imm_mu_);
+  for (auto& p : imm_progress_) {
+    if (p.op_id == op_id) {
+      p.failed = true;
+      return;
+    }
+  }
+  if (imm_progress_.size() < kMaxImmInProgress) imm_progress_.push_back({op_id, 0, true});
+}
+
+void TcpChannel::imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm, bool failed) {
+  bool deliver = false;
+  {
+    std::lock_guard lock(imm_mu_);
+    std::size_t i = 0;
+    while (i < imm_progress_.size() && imm_progress_[i].op_id != op_id) ++i;
+    if (i == imm_progress_.size()) {
+      if (streams <= 1) {
+        deliver = !failed;
+      } else if (imm_progress_.size() < kMaxImmInProgress) {
+        imm_progress_.push_back({op_id, 1, failed});
+      }
+    } else {
+      ImmProgress& p = imm_progress_[i];
+      p.streams_done++;
+      p.failed |= failed;
+      if (p.streams_done >= streams) {
+        deliver = !p.failed;
+        imm_progress_[i] = imm_progress_.back();
+        imm_progress_.pop_back();
+      }
+    }
+  }
+  if (deliver) host_.deliver_imm(link_->remote_engine_id, imm);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Send side
+
+void TcpChannel::Stream::enqueue_locked(OpState* op) {
+  int lane = lane_of(op);
+  op->lane_next[lane] = nullptr;
+  if (queue_tail == nullptr) {
+    queue_head = queue_tail = op;
+  } else {
+    queue_tail->lane_next[lane_of(queue_tail)] = op;
+    queue_tail = op;
+  }
+}
+
+void TcpChannel::Stream::arm_locked(bool out) {
+  if (want_out == out || closed) return;
+  want_out = out;
+  uint32_t events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u);
+  (void)ch.host_.reactor().modify(loop, fd.get(), events, this);
+}
+
+void TcpChannel::Stream::stage_response_locked(Response& r) {
+  Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
+  o.text = std::move(r.text);
+  if (!o.text.empty()) {
+    r.header.length = static_cast<uint32_t>(o.text.size());
+    o.payload = reinterpret_cast<const uint8_t*>(o.text.data());
+  } else {
+    o.payload = r.payload;
+  }
+  o.payload_length = core::payload_length(r.header);
+  o.lease = r.lease;
+  core::encode_header(r.header, o.header);
+  ++staged_count;
+}
+
+void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
+  LaneCursor& c = op->lanes[lane];
+  const OpEntry& e = op->entries[c.entry];
+  uint64_t length = e.length - c.offset;
+  if (length > op->slice_bytes) length = op->slice_bytes;
+
+  FrameHeader h;
+  h.op_id = op->id.load(std::memory_order_relaxed);
+  h.length = static_cast<uint32_t>(length);
+  Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
+  o.payload = nullptr;
+  o.payload_length = 0;
+  o.lease = nullptr;
+  switch (op->kind) {
+    case OpKind::kWrite:
+      h.type = FrameType::kWrite;
+      h.region_id = e.remote_region;
+      h.key = e.remote_key;
+      h.offset = e.remote_offset + c.offset;
+      if (op->with_imm) {
+        h.flags = core::kFlagImm | (c.remaining == 1 ? core::kFlagLastOnStream : 0);
+        h.aux32 = op->imm;
+        h.aux64 = static_cast<uint64_t>(op->lane_count);
+      }
+      o.payload = e.local + c.offset;
+      o.payload_length = length;
+      break;
+    case OpKind::kRead:
+      h.type = FrameType::kReadReq;
+      h.region_id = e.remote_region;
+      h.key = e.remote_key;
+      h.offset = e.remote_offset + c.offset;
+      h.aux32 = c.entry;
+      h.aux64 = c.offset;
+      break;
+    case OpKind::kSend:
+      h.type = FrameType::kSend;
+      h.key = op->tag;
+      o.payload = e.local;
+      o.payload_length = length;
+      break;
+    case OpKind::kRecv:
+      break;  // never queued
+  }
+  core::encode_header(h, o.header);
+  ++staged_count;
+  --credits;
+  ++outstanding;
+  --c.remaining;
+  advance(*op, c, static_cast<uint64_t>(op->lane_count));
+}
+
+bool TcpChannel::Stream::stage_more_locked() {
+  bool staged_any = false;
+  while (staged_count < kMaxStaged) {
+    if (!responses.empty()) {
+      stage_response_locked(responses.front());
+      responses.pop_front();
+    } else if (queue_head != nullptr && credits > 0) {
+      OpState* op = queue_head;
+      int lane = lane_of(op);
+      stage_slice_locked(op, lane);
+      if (op->lanes[lane].remaining == 0) {
+        queue_head = op->lane_next[lane];
+        if (queue_head == nullptr) queue_tail = nullptr;
+      }
+    } else {
+      break;
+    }
+    staged_any = true;
+  }
+  return staged_any;
+}
+
+Status TcpChannel::Stream::flush_locked() {
+  if (closed) return {};
+  for (;;) {
+    stage_more_locked();
+    if (staged_count == 0) {
+      arm_locked(false);
+      return {};
+    }
+    iovec iov[kMaxStaged * 2];
+    int n = 0;
+    std::size_t total = 0;
+    for (int i = 0; i < staged_count; ++i) {
+      Outbound& o = staged[(staged_head + i) % kMaxStaged];
+      std::size_t skip = i == 0 ? front_sent : 0;
+      if (skip < core::kFrameHeaderSize) {
+        iov[n++] = {o.header + skip, core::kFrameHeaderSize - skip};
+        total += core::kFrameHeaderSize - skip;
+        skip = 0;
+      } else {
+        skip -= core::kFrameHeaderSize;
+      }
+      if (o.payload_length > skip) {
+        iov[n++] = {const_cast<uint8_t*>(o.payload) + skip, o.payload_length - skip};
+        total += o.payload_length - skip;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<std::size_t>(n);
+    ssize_t sent = ::sendmsg(fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        arm_locked(true);
+        return {};
+      }
+      return core::sys_status("sendmsg on stream " + std::to_string(index), errno,
+                              ErrorCode::kPeerLost);
+    }
+    auto left = static_cast<std::size_t>(sent);
+    while (staged_count > 0) {
+      Outbound& o = staged[staged_head];
+      std::size_t frame_left = core::kFrameHeaderSize + o.payload_length - front_sent;
+      if (left < frame_left) {
+        front_sent += left;
+        break;
+      }
+      left -= frame_left;
+      front_sent = 0;
+      if (o.lease != nullptr) RegionTable::release(o.lease);
+      o.lease = nullptr;
+      o.text.clear();
+      staged_head = (staged_head + 1) % kMaxStaged;
+      --staged_count;
+    }
+    if (static_cast<std::size_t>(sent) < total) {
+      arm_locked(true);
+      return {};
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receive side
+
+void TcpChannel::Stream::respond(FrameHeader h, Status status, const uint8_t* payload,
+                                 RegionSlot* lease) {
+  Response r;
+  h.status = static_cast<uint16_t>(status.code());
+  if (!status.ok()) {
+    r.text = status.message().substr(0, core::kMaxErrorText);
+    h.length = 0;  // set from the text when staged
+  }
+  r.header = h;
+  r.payload = payload;
+  r.lease = lease;
+  std::lock_guard lock(send_mu);
+  if (closed) {
+    if (lease != nullptr) RegionTable::release(lease);
+    return;
+  }
+  responses.push_back(std::move(r));
+  need_flush = true;
+}
+
+Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
+  frame_op = ch.link_->pool->lookup(cur.op_id);
+  if (frame_op == nullptr || frame_op->kind != kind) {
+    return {ErrorCode::kProtocol, "reply for unknown operation " + std::to_string(cur.op_id)};
+  }
+  std::lock_guard lock(send_mu);
+  if (outstanding == 0) return {ErrorCode::kProtocol, "reply with no request outstanding"};
+  --outstanding;
+  ++credits;
+  if (queue_head != nullptr) need_flush = true;
+  return {};
+}
+
+Status TcpChannel::Stream::begin_frame() {
+  sink = nullptr;
+  sink_left = 0;
+  discard_left = 0;
+  frame_error = {};
+  frame_op = nullptr;
+  frame_copied = 0;
+  uint64_t payload = core::payload_length(cur);
+  bool error_text = cur.status != 0 && payload > 0;
+
+  switch (cur.type) {
+    case FrameType::kWrite: {
+      uint8_t* addr = nullptr;
+      frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
+                                               Access::kRemoteWrite, &addr, frame_use);
+      if (frame_error.ok()) {
+        sink = addr;
+        sink_left = payload;
+      } else {
+        discard_left = payload;
+      }
+      return {};
+    }
+    case FrameType::kReadReq: {
+      uint8_t* addr = nullptr;
+      RegionUse use;
+      Status st = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
+                                             Access::kRemoteRead, &addr, use);
+      FrameHeader h;
+      h.type = FrameType::kReadData;
+      h.op_id = cur.op_id;
+      h.aux32 = cur.aux32;
+      h.aux64 = cur.aux64;
+      if (st.ok()) {
+        h.length = cur.length;
+        respond(h, st, addr, use.detach());
+      } else {
+        respond(h, Status(st.code(), "read: " + st.message()));
+      }
+      return {};
+    }
+    case FrameType::kReadData: {
+      if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
+      if (error_text) {
+        frame_text.resize(payload);
+        sink = frame_text.data();
+        sink_left = payload;
+        return {};
+      }
+      if (cur.aux32 >= frame_op->entries.size()) {
+        return {ErrorCode::kProtocol, "read data for entry " + std::to_string(cur.aux32) + " of " +
+                                          std::to_string(frame_op->entries.size())};
+      }
+      const OpEntry& e = frame_op->entries[cur.aux32];
+      if (cur.aux64 > e.length || payload > e.length - cur.aux64 ||
+          payload > frame_op->slice_bytes) {
+        return {ErrorCode::kProtocol, "read data outside the requested range"};
+      }
+      sink = e.local + cur.aux64;
+      sink_left = payload;
+      return {};
+    }
+    case FrameType::kWriteAck:
+    case FrameType::kSendAck: {
+      OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
+      if (Status st = lookup_reply_op(kind); !st.ok()) return st;
+      frame_text.resize(payload);
+      sink = frame_text.data();
+      sink_left = payload;
+      return {};
+    }
+    case FrameType::kSend: {
+      Matcher::Arrival a = ch.link_->matcher.arrive(cur.key, payload);
+      if (!a.error.ok()) {
+        frame_error = a.error;
+        discard_left = payload;
+      } else if (a.recv != nullptr) {
+        frame_op = a.recv;
+        const OpEntry& dst = a.recv->entries[0];
+        sink = dst.local;
+        sink_left = payload < dst.length ? payload : dst.length;
+        discard_left = payload - sink_left;
+      } else {
+        frame_buffer = std::move(a.buffer);
+        sink = frame_buffer.data();
+        sink_left = payload;
+      }
+      return {};
+    }
+    default:
+      return {ErrorCode::kProtocol,
+              "unexpected frame type " + std::to_string(static_cast<int>(cur.type)) + " on a data stream"};
+  }
+}
+
+Status TcpChannel::Stream::end_frame() {
+  switch (cur.type) {
+    case FrameType::kWrite: {
+      frame_use.release();
+      FrameHeader h;
+      h.type = FrameType::kWriteAck;
+      h.op_id = cur.op_id;
+      respond(h, frame_error.ok() ? frame_error
+                                  : Status(frame_error.code(), "write: " + frame_error.message()));
+      if (cur.flags & core::kFlagImm) {
+        bool failed = !frame_error.ok();
+        if (cur.flags & core::kFlagLastOnStream) {
+          ch.imm_stream_done(cur.op_id, static_cast<uint32_t>(cur.aux64), cur.aux32, failed);
+        } else if (failed) {
+          ch.imm_frame_failed(cur.op_id);
+        }
+      }
+      return {};
+    }
+    case FrameType::kReadReq:
+      return {};
+    case FrameType::kReadData:
+    case FrameType::kWriteAck:
+    case FrameType::kSendAck: {
+      OpState* op = frame_op;
+      if (cur.status != 0) {
+        op->record_error({static_cast<ErrorCode>(cur.status),
+                          std::string(frame_text.begin(), frame_text.end())});
+      }
+      if (op->finish_slices(1)) op->finish_posted();
+      return {};
+    }
+    case FrameType::kSend: {
+      FrameHeader h;
+      h.type = FrameType::kSendAck;
+      h.op_id = cur.op_id;
+      Status st = frame_error;
+      if (frame_op != nullptr && cur.length > frame_op->entries[0].length) {
+        st = {ErrorCode::kTruncated, "send tag " + std::to_string(cur.key) + ": receiver buffer of " +
+                                         std::to_string(frame_op->entries[0].length) + " bytes"};
+      }
+      // The ack is queued before the receiver can run: anything it sends next goes out after it.
+      respond(h, st);
+      if (frame_op != nullptr) {
+        Matcher::settle(frame_op, cur.length);
+        frame_op->finish_posted();
+      } else if (st.ok()) {
+        ch.link_->matcher.commit(cur.key, std::move(frame_buffer));
+        frame_buffer = {};
+      }
+      return {};
+    }
+    default:
+      return {};
+  }
+}
+
+Status TcpChannel::Stream::read_some(bool& would_block) {
+  would_block = false;
+  // Receive straight into the destination when much of the payload is still to come.
+  if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
+    ssize_t n = ::recv(fd.get(), sink, sink_left, MSG_DONTWAIT);
+    if (n > 0) {
+      sink += n;
+      sink_left -= static_cast<uint64_t>(n);
+      return {};
+    }
+    if (n == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
+    if (errno == EAGAIN || errno == EINTR) {
+      would_block = errno == EAGAIN;
+      return {};
+    }
+    return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
+  }
+  if (rpos == rend) {
+    rpos = rend = 0;
+  } else if (rpos > 0 && rbuf.size() - rend < core::kFrameHeaderSize) {
+    std::memmove(rbuf.data(), rbuf.data() + rpos, rend - rpos);
+    rend -= rpos;
+    rpos = 0;
+  }
+  // After a large payload the next frame is likely large too: take just its header, so the
+  // payload lands in its destination directly instead of being copied out of rbuf.
+  std::size_t want = rbuf.size() - rend;
+  if (!in_payload && last_payload_large && rend - rpos < core::kFrameHeaderSize) {
+    want = core::kFrameHeaderSize - (rend - rpos);
+  }
+  ssize_t n = ::recv(fd.get(), rbuf.data() + rend, want, MSG_DONTWAIT);
+  if (n > 0) {
+    rend += static_cast<std::size_t>(n);
+    return {};
+  }
+  if (n == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
+  if (errno == EAGAIN || errno == EINTR) {
+    would_block = errno == EAGAIN;
+    return {};
+  }
+  return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
+}
+
+void TcpChannel::Stream::on_event(uint32_t events) {
+  if (stopped) return;
+  Status st;
+  if (events & EPOLLOUT) {
+    std::lock_guard lock(send_mu);
+    st = flush_locked();
+  }
+  for (int calls = 0; st.ok() && calls < kRecvCallsPerEvent; ++calls) {
+    bool would_block = false;
+    st = read_some(would_block);
+    if (!st.ok() || would_block) break;
+    // Consume whatever is buffered.
+    while (st.ok()) {
+      if (!in_payload) {
+        if (rend - rpos < core::kFrameHeaderSize) break;
+        st = core::decode_header(rbuf.data() + rpos, cur);
+        if (!st.ok()) break;
+        rpos += core::kFrameHeaderSize;
+        st = begin_frame();
+        if (!st.ok()) break;
+        in_payload = true;
+        last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
+      }
+      std::size_t avail = rend - rpos;
+      if (sink_left > 0 && avail > 0) {
+        std::size_t n = avail < sink_left ? avail : static_cast<std::size_t>(sink_left);
+        std::memcpy(sink, rbuf.data() + rpos, n);
+        sink += n;
+        sink_left -= n;
+        rpos += n;
+        avail -= n;
+      }
+      if (sink_left == 0 && discard_left > 0 && avail > 0) {
+        std::size_t n = avail < discard_left ? avail : static_cast<std::size_t>(discard_left);
+        discard_left -= n;
+        rpos += n;
+      }
+      if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
+      in_payload = false;
+      st = end_frame();
+    }
+  }
+  if (st.ok() && need_flush) {
+    need_flush = false;
+    std::lock_guard lock(send_mu);
+    st = flush_locked();
+  }
+  if (!st.ok()) {
+    fail(st);
+  } else if (events & (EPOLLERR | EPOLLHUP)) {
+    fail(peer_lost("stream " + std::to_string(index) + ": connection reset"));
+  }
+}
+
+void TcpChannel::Stream::fail(const Status& reason) {
+  ch.close(reason);
+  stop();
+}
+
+void TcpChannel::Stream::stop() {
+  if (stopped || !attached) return;
+  stopped = true;
+  ch.host_.reactor().remove(loop, fd.get());
+  {
+    std::lock_guard lock(send_mu);
+    closed = true;
+    while (!responses.empty()) {
+      if (responses.front().lease != nullptr) RegionTable::release(responses.front().lease);
+      responses.pop_front();
+    }
+    for (; staged_count > 0; --staged_count) {
+      Outbound& o = staged[staged_head];
+      if (o.lease != nullptr) RegionTable::release(o.lease);
+      o.lease = nullptr;
+      staged_head = (staged_head + 1) % kMaxStaged;
+    }
+    queue_head = queue_tail = nullptr;
+  }
+  frame_use.release();
+  ch.host_.reactor().retire(loop, std::move(keep_channel));
+  ch.stream_stopped();
+}
+
+}  // namespace ferry::transport::tcp

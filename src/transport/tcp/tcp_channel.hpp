@@ -1,0 +1,78 @@
+// TCP transport: one-sided semantics served by the target's progress threads.
+//
+// A peer connection is several sockets ("streams"). The initiator sends kWrite / kReadReq /
+// kSend frames; the target validates each access against its region table (id, key,
+// permission, bounds) and answers with acks or data, so nothing reaches memory that was not
+// granted. Payloads go straight between user memory and the socket (writev from the region,
+// recv into the region) except for small frames, which are parsed out of a staging buffer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/frame.hpp"
+#include "core/net.hpp"
+#include "core/ring.hpp"
+#include "transport/contract.hpp"
+
+namespace ferry::transport::tcp {
+
+struct TcpOptions {
+  int streams = 2;
+  int slices_in_flight_per_stream = 64;
+};
+
+class TcpChannel final : public Channel, public std::enable_shared_from_this<TcpChannel> {
+ public:
+  // `on_closed` runs once, on a progress thread, after every stream stopped.
+  static std::shared_ptr<TcpChannel> create(Host& host, std::shared_ptr<PeerLink> link,
+                                            const TcpOptions& options,
+                                            std::function<void(const Status&)> on_closed);
+  ~TcpChannel() override;
+
+  // Hands a connected socket to stream `index`. Every stream must be attached before post().
+  Status attach(int index, core::Fd fd);
+
+  int lanes() const override { return static_cast<int>(streams_.size()); }
+  PostResult post(OpState* op) override;
+  void close(const Status& reason) override;
+  bool closed() const override { return closing_.load(); }
+  // Every stream has stopped and the in-flight operations have been failed.
+  bool fully_closed() const { return closing_.load() && live_streams_.load() == 0; }
+  // Stops the remaining streams on the calling thread; only once the reactor has stopped.
+  void stop_after_reactor();
+
+  struct Stream;
+
+ private:
+  TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOptions& options,
+             std::function<void(const Status&)> on_closed);
+  friend struct Stream;
+  void stream_stopped();
+  // write_with_imm accounting: a stream's last frame of an op arrived.
+  void imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm, bool failed);
+  void imm_frame_failed(uint64_t op_id);
+
+  Host& host_;
+  std::shared_ptr<PeerLink> link_;
+  TcpOptions options_;
+  std::function<void(const Status&)> on_closed_;
+  std::vector<std::shared_ptr<Stream>> streams_;
+  std::atomic<bool> closing_{false};
+  std::atomic<int> live_streams_{0};
+  std::mutex close_mu_;
+  Status close_reason_;
+
+  struct ImmProgress {
+    uint64_t op_id;
+    uint32_t streams_done;
+    bool failed;
+  };
+  std::mutex imm_mu_;
+  std::vector<ImmProgress> imm_progress_;  // ops whose streams have not all finished
+};
+
+}  // namespace ferry::transport::tcp

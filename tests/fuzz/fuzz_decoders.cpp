@@ -1,0 +1,64 @@
+// libFuzzer target for every decoder that reads bytes from the network or from users:
+// frame headers, handshake bodies and descriptors (binary and text). The first input byte
+// picks the decoder. Decoders must reject bad input with an error, never crash or over-read.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "core/frame.hpp"
+#include "engine/handshake.hpp"
+#include "ferry/ferry.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  std::span<const uint8_t> body(data + 1, size - 1);
+  switch (data[0] % 8) {
+    case 0:
+      if (body.size() >= ferry::core::kFrameHeaderSize) {
+        ferry::core::FrameHeader h;
+        if (ferry::core::decode_header(body.data(), h).ok()) (void)ferry::core::payload_length(h);
+      }
+      break;
+    case 1: {
+      ferry::engine::Hello m;
+      (void)ferry::engine::decode(body, m);
+      break;
+    }
+    case 2: {
+      ferry::engine::HelloAck m;
+      (void)ferry::engine::decode(body, m);
+      break;
+    }
+    case 3: {
+      ferry::engine::Join m;
+      (void)ferry::engine::decode(body, m);
+      break;
+    }
+    case 4: {
+      ferry::engine::ErrorMsg m;
+      (void)ferry::engine::decode(body, m);
+      break;
+    }
+    case 5: {
+      ferry::engine::Auth m;
+      (void)ferry::engine::decode(body, m);
+      break;
+    }
+    case 6:
+      try {
+        auto d = ferry::Descriptor::decode(body);
+        // What decodes must encode back to the same bytes.
+        if (d.encode() != std::vector<uint8_t>(body.begin(), body.end())) __builtin_trap();
+      } catch (const ferry::Error&) {
+      }
+      break;
+    case 7:
+      try {
+        (void)ferry::Descriptor::parse(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+      } catch (const ferry::Error&) {
+      }
+      break;
+  }
+  return 0;
+}

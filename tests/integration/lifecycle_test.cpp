@@ -1,0 +1,115 @@
+// Shutdown, closing, deregistration under load, several engines, restarted peers.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "support/pair.hpp"
+
+namespace ferry::test {
+namespace {
+
+TEST(Lifecycle, ShutdownCancelsInFlightOperations) {
+  auto p = std::make_unique<Pair>();
+  std::vector<uint8_t> a(32 << 20), b(32 << 20);
+  Region la = p->initiator.register_memory(a.data(), a.size(), Access::kLocal);
+  Region rb = p->target.register_memory(b.data(), b.size(), Access::kRemoteWrite);
+  Descriptor d = rb.descriptor();
+  std::vector<Future> futures;
+  Transfer t{&la, 0, &d, 0, a.size()};
+  for (int i = 0; i < 16; ++i) futures.push_back(p->peer.write({&t, 1}));
+  Future pending_recv = p->peer.recv(1, la, 0, 16);
+  p->initiator.shutdown();
+  for (auto& f : futures) {
+    Status s = f.wait(kWait);
+    EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled) << s.to_string();
+  }
+  EXPECT_EQ(pending_recv.wait(kWait).code(), ErrorCode::kCancelled);
+  EXPECT_EQ(p->peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost) << "no work after shutdown";
+  EXPECT_THROW(p->initiator.connect(p->target.address()), Error);
+  // The target notices the initiator left.
+  auto deadline = Clock::now() + kWait;
+  while (p->target_peer.connected() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(p->target_peer.connected());
+}
+
+TEST(Lifecycle, ClosingAPeerFailsItsWorkWithCancelled) {
+  Pair p;
+  std::vector<uint8_t> a(64);
+  Region la = p.initiator.register_memory(a.data(), a.size(), Access::kLocal);
+  Future r = p.peer.recv(3, la, 0, 64);
+  p.peer.close();
+  EXPECT_EQ(r.wait(kWait).code(), ErrorCode::kCancelled);
+  EXPECT_FALSE(p.peer.connected());
+  Future r2 = p.target_peer.recv(3, la, 0, 64);  // la belongs to the other engine
+  EXPECT_EQ(r2.wait(kWait).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Lifecycle, DeregisterWaitsForOperationsUsingTheRegion) {
+  Pair p;
+  std::vector<uint8_t> a(32 << 20, 1), b(32 << 20);
+  Region la = p.initiator.register_memory(a.data(), a.size(), Access::kLocal);
+  Region rb = p.target.register_memory(b.data(), b.size(), Access::kRemoteWrite);
+  Descriptor d = rb.descriptor();
+  Transfer t{&la, 0, &d, 0, a.size()};
+  Future f = p.peer.write({&t, 1});
+  la.deregister();  // must not return while the write still reads from `a`
+  EXPECT_TRUE(f.test()) << "deregister returned before the operation finished";
+  EXPECT_TRUE(f.wait(kWait).ok());
+  Future after = p.peer.write({&t, 1});
+  EXPECT_EQ(after.wait(kWait).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Lifecycle, SeveralEnginesInOneProcess) {
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int i = 0; i < 3; ++i) engines.push_back(std::make_unique<Engine>(test_config()));
+  std::vector<std::vector<uint8_t>> mem(3, std::vector<uint8_t>(4096));
+  std::vector<Region> regions;
+  for (int i = 0; i < 3; ++i) {
+    std::fill(mem[i].begin(), mem[i].end(), static_cast<uint8_t>(i + 1));
+    regions.push_back(engines[i]->register_memory(mem[i].data(), 4096, Access::kRemoteReadWrite));
+  }
+  // Each engine reads its right neighbour's region.
+  for (int i = 0; i < 3; ++i) {
+    int j = (i + 1) % 3;
+    Peer peer = engines[i]->connect(engines[j]->address());
+    std::vector<uint8_t> got(4096);
+    Region lr = engines[i]->register_memory(got.data(), got.size(), Access::kLocal);
+    Descriptor d = regions[j].descriptor();
+    Transfer t{&lr, 0, &d, 0, 4096};
+    ASSERT_TRUE(peer.read({&t, 1}).wait(kWait).ok());
+    EXPECT_EQ(got, mem[j]);
+  }
+  EXPECT_NE(engines[0]->id(), engines[1]->id());
+}
+
+TEST(Lifecycle, RestartedPeerIsANewIncarnation) {
+  Config tc = test_config();
+  tc.engine_id = 42;
+  auto target = std::make_unique<Engine>(tc);
+  tc.listen_port = target->port();
+  std::vector<uint8_t> mem(4096), src(4096, 9);
+  Region r = target->register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  Descriptor old_desc = r.descriptor();
+
+  Engine initiator(test_config());
+  Region lr = initiator.register_memory(src.data(), src.size(), Access::kLocal);
+  Peer p1 = initiator.connect(target->address());
+  Transfer t{&lr, 0, &old_desc, 0, 64};
+  ASSERT_TRUE(p1.write({&t, 1}).wait(kWait).ok());
+
+  r.deregister();
+  target.reset();  // the target process "restarts" on the same port with the same engine id
+  target = std::make_unique<Engine>(tc);
+  Region r2 = target->register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+
+  EXPECT_EQ(p1.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost);
+  Peer p2 = initiator.connect(target->address());
+  EXPECT_EQ(p2.engine_id(), 42u);
+  EXPECT_EQ(p2.write({&t, 1}).wait(kWait).code(), ErrorCode::kStaleIncarnation);
+  Descriptor fresh = r2.descriptor();
+  Transfer t2{&lr, 0, &fresh, 0, 64};
+  EXPECT_TRUE(p2.write({&t2, 1}).wait(kWait).ok());
+}
+
+}  // namespace
+}  // namespace ferry::test

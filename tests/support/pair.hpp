@@ -1,0 +1,57 @@
+// Two engines in one process connected over loopback, with registered buffers on each side.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::test {
+
+using namespace std::chrono_literals;
+constexpr Duration kWait = 20s;  // generous: sanitizer builds on 2 cores are slow
+
+inline Config test_config() {
+  Config c;
+  c.listen_host = "127.0.0.1";
+  c.peer_timeout = 5s;
+  c.connect_timeout = 5s;
+  c.busy_poll = 0us;  // sanitizer runs share 2 cores; spinning only slows them down
+  c.wait_spin = 0us;
+  return c;
+}
+
+// Pseudo-random bytes, four at a time (sanitizer builds make byte loops slow).
+inline void fill_pattern(uint8_t* p, std::size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    std::memcpy(p + i, &x, 4);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(x >> (8 * (i % 4)));
+}
+inline void fill_pattern(std::vector<uint8_t>& v, uint32_t seed) { fill_pattern(v.data(), v.size(), seed); }
+
+struct Pair {
+  explicit Pair(Config target_config = test_config(), Config initiator_config = test_config())
+      : target(target_config), initiator(initiator_config) {
+    peer = initiator.connect(target.address());
+    auto accepted = target.accept(kWait);
+    if (!accepted) throw Error(ErrorCode::kTimeout, "target did not accept");
+    target_peer = *accepted;
+  }
+  Engine target;
+  Engine initiator;
+  Peer peer;         // initiator -> target
+  Peer target_peer;  // target -> initiator
+};
+
+}  // namespace ferry::test

@@ -1,0 +1,245 @@
+// Wire codecs: frame header, handshake bodies, descriptors, base64url.
+#include <gtest/gtest.h>
+
+#include "core/base64.hpp"
+#include "core/frame.hpp"
+#include "engine/handshake.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry {
+namespace {
+
+using core::FrameHeader;
+using core::FrameType;
+
+TEST(Base64, RoundTripsEveryLength) {
+  for (std::size_t n = 0; n < 40; ++n) {
+    std::vector<uint8_t> in(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<uint8_t>(i * 37 + 11);
+    auto text = core::base64url_encode(in);
+    auto out = core::base64url_decode(text);
+    ASSERT_TRUE(out.has_value()) << n;
+    EXPECT_EQ(in, *out);
+  }
+}
+
+TEST(Base64, RejectsBadCharactersAndDanglingBits) {
+  EXPECT_FALSE(core::base64url_decode("ab+c").has_value());
+  EXPECT_FALSE(core::base64url_decode("A").has_value());   // 6 bits cannot make a byte
+  EXPECT_FALSE(core::base64url_decode("AB").has_value());  // non-zero padding bits
+  EXPECT_TRUE(core::base64url_decode("AA").has_value());
+}
+
+TEST(FrameHeader, RoundTrips) {
+  FrameHeader h;
+  h.type = FrameType::kWrite;
+  h.flags = core::kFlagImm | core::kFlagLastOnStream;
+  h.region_id = 0xdeadbeef;
+  h.length = 1 << 20;
+  h.aux32 = 77;
+  h.op_id = 0x0102030405060708ull;
+  h.key = ~0ull;
+  h.offset = 12345;
+  h.aux64 = 4;
+  uint8_t raw[core::kFrameHeaderSize];
+  core::encode_header(h, raw);
+  FrameHeader back;
+  ASSERT_TRUE(core::decode_header(raw, back).ok());
+  EXPECT_EQ(back.type, h.type);
+  EXPECT_EQ(back.flags, h.flags);
+  EXPECT_EQ(back.region_id, h.region_id);
+  EXPECT_EQ(back.length, h.length);
+  EXPECT_EQ(back.aux32, h.aux32);
+  EXPECT_EQ(back.op_id, h.op_id);
+  EXPECT_EQ(back.key, h.key);
+  EXPECT_EQ(back.offset, h.offset);
+  EXPECT_EQ(back.aux64, h.aux64);
+  EXPECT_EQ(core::payload_length(back), h.length);
+}
+
+Status decode_modified(void (*change)(FrameHeader&), int raw_byte = -1, uint8_t raw_value = 0) {
+  FrameHeader h;
+  h.type = FrameType::kWriteAck;
+  change(h);
+  uint8_t raw[core::kFrameHeaderSize];
+  core::encode_header(h, raw);
+  if (raw_byte >= 0) raw[raw_byte] = raw_value;
+  FrameHeader out;
+  out.op_id = 42;
+  Status s = core::decode_header(raw, out);
+  if (!s.ok()) {
+    EXPECT_EQ(out.op_id, 42u) << "a rejected decode must not change its output";
+  }
+  return s;
+}
+
+TEST(FrameHeader, RejectsMalformedHeaders) {
+  auto same = [](FrameHeader&) {};
+  EXPECT_TRUE(decode_modified(same).ok());
+  EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);    // type 0
+  EXPECT_EQ(decode_modified(same, 0, 11).code(), ErrorCode::kProtocol);   // gap in types
+  EXPECT_EQ(decode_modified(same, 0, 200).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = core::kFlagImm; }).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.status = 999; }).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.length = 5; }).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) {
+              h.type = FrameType::kHello;
+              h.length = core::kMaxControlPayload + 1;
+            }).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) {
+              h.status = static_cast<uint16_t>(ErrorCode::kOutOfBounds);
+              h.length = core::kMaxErrorText + 1;
+            }).code(),
+            ErrorCode::kProtocol);
+}
+
+std::vector<uint8_t> body_of(const std::vector<uint8_t>& frame) {
+  return {frame.begin() + core::kFrameHeaderSize, frame.end()};
+}
+
+TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
+  engine::Hello h;
+  h.engine_id = 1;
+  h.incarnation = 2;
+  h.transports = {TransportKind::kVerbs, TransportKind::kTcp};
+  h.nonce[3] = 9;
+  h.wants_auth = true;
+  auto body = body_of(engine::encode(h));
+  engine::Hello back;
+  ASSERT_TRUE(engine::decode(body, back).ok());
+  EXPECT_EQ(back.engine_id, 1u);
+  EXPECT_EQ(back.incarnation, 2u);
+  EXPECT_EQ(back.transports, h.transports);
+  EXPECT_EQ(back.nonce, h.nonce);
+  EXPECT_TRUE(back.wants_auth);
+
+  for (std::size_t cut = 0; cut < body.size(); ++cut) {
+    engine::Hello out;
+    EXPECT_EQ(engine::decode({body.data(), cut}, out).code(), ErrorCode::kProtocol) << cut;
+  }
+  auto longer = body;
+  longer.push_back(0);
+  EXPECT_EQ(engine::decode(longer, back).code(), ErrorCode::kProtocol);
+
+  auto foreign = body;
+  foreign[0] ^= 0xff;
+  EXPECT_EQ(engine::decode(foreign, back).code(), ErrorCode::kProtocol);
+
+  auto newer = body;
+  newer[4] = 2;  // version
+  Status s = engine::decode(newer, back);
+  EXPECT_EQ(s.code(), ErrorCode::kVersionMismatch);
+  EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.message();
+}
+
+TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
+  engine::HelloAck a;
+  a.engine_id = 5;
+  a.streams = 4;
+  a.token[0] = 1;
+  a.mac = core::Mac{};
+  (*a.mac)[31] = 7;
+  engine::HelloAck a2;
+  ASSERT_TRUE(engine::decode(body_of(engine::encode(a)), a2).ok());
+  EXPECT_EQ(a2.streams, 4);
+  ASSERT_TRUE(a2.mac.has_value());
+  EXPECT_EQ((*a2.mac)[31], 7);
+
+  a.streams = 0;
+  EXPECT_EQ(engine::decode(body_of(engine::encode(a)), a2).code(), ErrorCode::kProtocol);
+
+  engine::Join j;
+  j.stream = 3;
+  j.token[15] = 8;
+  engine::Join j2;
+  ASSERT_TRUE(engine::decode(body_of(engine::encode(j)), j2).ok());
+  EXPECT_EQ(j2.stream, 3);
+  EXPECT_EQ(j2.token, j.token);
+
+  engine::ErrorMsg e{ErrorCode::kAuthFailed, "nope"};
+  engine::ErrorMsg e2;
+  ASSERT_TRUE(engine::decode(body_of(engine::encode(e)), e2).ok());
+  EXPECT_EQ(e2.code, ErrorCode::kAuthFailed);
+  EXPECT_EQ(e2.message, "nope");
+
+  engine::Auth au;
+  EXPECT_EQ(engine::decode(std::vector<uint8_t>(31), au).code(), ErrorCode::kProtocol);
+}
+
+TEST(Handshake, MacsBindRoleNoncesAndIdentities) {
+  engine::Nonce c{}, s{};
+  c[0] = 1;
+  s[0] = 2;
+  auto server = engine::auth_mac("k", true, c, s, 10, 20);
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", false, c, s, 10, 20)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("other", true, c, s, 10, 20)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, s, c, 10, 20)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, 11, 20)));
+  EXPECT_TRUE(core::mac_equal(server, engine::auth_mac("k", true, c, s, 10, 20)));
+}
+
+Descriptor sample_descriptor() {
+  Descriptor d;
+  d.engine_id = 0x1111;
+  d.incarnation = 0x2222;
+  d.region_id = 0x3333;
+  d.address = 0x7fff0000;
+  d.length = 1 << 20;
+  d.access = Access::kRemoteRead;
+  d.key_count = 2;
+  d.keys[0].transport = TransportKind::kTcp;
+  d.keys[0].length = 8;
+  d.keys[0].bytes[0] = 0xaa;
+  d.keys[1].transport = TransportKind::kVerbs;
+  d.keys[1].length = 4;
+  d.keys[1].bytes[3] = 0xbb;
+  return d;
+}
+
+TEST(Descriptor, RoundTripsBinaryAndText) {
+  Descriptor d = sample_descriptor();
+  for (const Descriptor& back : {Descriptor::decode(d.encode()), Descriptor::parse(d.to_string())}) {
+    EXPECT_EQ(back.engine_id, d.engine_id);
+    EXPECT_EQ(back.incarnation, d.incarnation);
+    EXPECT_EQ(back.region_id, d.region_id);
+    EXPECT_EQ(back.address, d.address);
+    EXPECT_EQ(back.length, d.length);
+    EXPECT_EQ(back.access, d.access);
+    ASSERT_EQ(back.key_count, 2);
+    ASSERT_NE(back.key_for(TransportKind::kVerbs), nullptr);
+    EXPECT_EQ(back.key_for(TransportKind::kVerbs)->bytes[3], 0xbb);
+    EXPECT_EQ(back.key_for(TransportKind::kShm), nullptr);
+  }
+  EXPECT_EQ(d.to_string().rfind("ferry1:", 0), 0u);
+}
+
+ErrorCode decode_error(std::vector<uint8_t> bytes) {
+  try {
+    Descriptor::decode(bytes);
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+TEST(Descriptor, RejectsMalformedInput) {
+  auto good = sample_descriptor().encode();
+  for (std::size_t cut = 0; cut < good.size(); ++cut) {
+    EXPECT_EQ(decode_error({good.begin(), good.begin() + static_cast<long>(cut)}), ErrorCode::kInvalidArgument) << cut;
+  }
+  auto trailing = good;
+  trailing.push_back(1);
+  EXPECT_EQ(decode_error(trailing), ErrorCode::kInvalidArgument);
+  auto version = good;
+  version[2] = 9;
+  EXPECT_EQ(decode_error(version), ErrorCode::kVersionMismatch);
+  auto access = good;
+  access[2 + 1 + 8 + 8 + 4 + 8 + 8 + 1] = 0xf0;  // the access byte
+  EXPECT_EQ(decode_error(access), ErrorCode::kInvalidArgument);
+  EXPECT_THROW(Descriptor::parse("ferry2:AAAA"), Error);
+  EXPECT_THROW(Descriptor::parse("ferry1:not base64!"), Error);
+}
+
+}  // namespace
+}  // namespace ferry

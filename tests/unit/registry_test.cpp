@@ -1,0 +1,183 @@
+// Region table, operation pool and tag matcher.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "core/ring.hpp"
+#include "transport/matcher.hpp"
+#include "transport/op.hpp"
+#include "transport/region_table.hpp"
+
+namespace ferry::transport {
+namespace {
+
+TEST(RegionTable, ValidatesEveryAccess) {
+  RegionTable t;
+  std::vector<uint8_t> mem(100);
+  uint32_t id = t.insert(mem.data(), mem.size(), Access::kRemoteRead, 77);
+  uint8_t* addr = nullptr;
+  RegionUse use;
+  ASSERT_TRUE(t.acquire(id, 77, 10, 90, Access::kRemoteRead, &addr, use).ok());
+  EXPECT_EQ(addr, mem.data() + 10);
+  use.release();
+  EXPECT_EQ(t.acquire(id, 77, 10, 91, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 77, 101, 0, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 77, ~0ull, 2, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 78, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kWrongKey);
+  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteWrite, &addr, use).code(), ErrorCode::kPermissionDenied);
+  EXPECT_EQ(t.acquire(id + 1, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
+  EXPECT_EQ(t.acquire(0, 0, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
+  EXPECT_FALSE(use.valid());
+
+  t.revoke(id);
+  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kRevoked);
+  // The slot is reused under a new id; the old id stays dead.
+  uint32_t id2 = t.insert(mem.data(), mem.size(), Access::kRemoteRead, 77);
+  EXPECT_NE(id, id2);
+  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
+  EXPECT_TRUE(t.acquire(id2, 77, 0, 1, Access::kRemoteRead, &addr, use).ok());
+}
+
+TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
+  RegionTable t;
+  std::vector<uint8_t> mem(8);
+  uint32_t id = t.insert(mem.data(), mem.size(), Access::kRemoteWrite, 1);
+  uint8_t* addr = nullptr;
+  RegionUse use;
+  ASSERT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
+  std::atomic<bool> revoked{false};
+  std::thread revoker([&] {
+    t.revoke(id);
+    revoked = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(revoked.load()) << "revoke returned while the region was in use";
+  use.release();
+  revoker.join();
+  EXPECT_TRUE(revoked.load());
+}
+
+TEST(OpPool, IdsChangeOnReuseAndLookupNeedsPosted) {
+  auto pool = std::make_shared<OpPool>();
+  OpState* op = pool->acquire();
+  uint64_t first_id = op->id.load();
+  EXPECT_EQ(pool->lookup(first_id), nullptr) << "not posted yet";
+  ASSERT_TRUE(pool->mark_posted(op));
+  EXPECT_EQ(pool->lookup(first_id), op);
+  op->finish_posted();
+  EXPECT_TRUE(op->done.load());
+  EXPECT_EQ(pool->lookup(first_id), nullptr) << "complete ops are not found";
+  op->release();
+  OpState* again = pool->acquire();
+  EXPECT_EQ(again, op) << "the slot is recycled once unreferenced";
+  EXPECT_NE(again->id.load(), first_id);
+  ASSERT_TRUE(pool->mark_posted(again));
+  EXPECT_EQ(pool->lookup(first_id), nullptr) << "a stale id never reaches the new op";
+  auto collected = pool->close_and_collect();
+  ASSERT_EQ(collected.size(), 1u);
+  OpState* refused = pool->acquire();
+  EXPECT_FALSE(pool->mark_posted(refused)) << "a closed pool refuses new work";
+  refused->release();
+  collected[0]->record_error({ErrorCode::kPeerLost, "x"});
+  collected[0]->finish_posted();
+  collected[0]->release();
+  again->release();
+}
+
+TEST(OpState, CompletesOnceAndRunsCallback) {
+  auto pool = std::make_shared<OpPool>();
+  OpState* op = pool->acquire();
+  ASSERT_TRUE(pool->mark_posted(op));
+  int calls = 0;
+  op->callback = [&](const Status& s) {
+    ++calls;
+    EXPECT_EQ(s.code(), ErrorCode::kOutOfBounds);
+  };
+  op->pending = 2;
+  op->record_error({ErrorCode::kOutOfBounds, "first"});
+  op->record_error({ErrorCode::kWrongKey, "second"});
+  EXPECT_FALSE(op->finish_slices(1));
+  EXPECT_TRUE(op->finish_slices(1));
+  op->finish_posted();
+  EXPECT_FALSE(op->complete());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(op->status.message(), "first");
+  op->release();
+}
+
+TEST(Advance, WalksSlicesAcrossEntries) {
+  auto pool = std::make_shared<OpPool>();
+  OpState* op = pool->acquire();
+  op->slice_bytes = 10;
+  op->entries = {{nullptr, 25}, {nullptr, 5}, {nullptr, 10}};  // 3 + 1 + 1 slices
+  LaneCursor c;
+  advance(*op, c, 2);
+  EXPECT_EQ(c.entry, 0u);
+  EXPECT_EQ(c.offset, 20u);
+  advance(*op, c, 1);
+  EXPECT_EQ(c.entry, 1u);
+  EXPECT_EQ(c.offset, 0u);
+  advance(*op, c, 2);
+  EXPECT_EQ(c.entry, 3u);
+  op->release();
+}
+
+TEST(Matcher, MatchesInOrderBuffersAndLimits) {
+  auto pool = std::make_shared<OpPool>();
+  Matcher m(16);
+  std::vector<uint8_t> dst(8);
+  // A message before any receive is buffered, then delivered on post.
+  auto a = m.arrive(5, 4);
+  ASSERT_TRUE(a.error.ok());
+  ASSERT_EQ(a.recv, nullptr);
+  a.buffer = {1, 2, 3, 4};
+  m.commit(5, std::move(a.buffer));
+  OpState* r = pool->acquire();
+  r->tag = 5;
+  r->entries = {{dst.data(), 8}};
+  ASSERT_TRUE(pool->mark_posted(r));
+  m.post(r);
+  ASSERT_TRUE(r->done.load());
+  EXPECT_TRUE(r->status.ok());
+  EXPECT_EQ(r->bytes.load(), 4u);
+  EXPECT_EQ(dst[3], 4);
+  r->release();
+
+  // Over the limit: refused, nothing buffered.
+  EXPECT_EQ(m.arrive(6, 17).error.code(), ErrorCode::kResourceExhausted);
+
+  // A posted receive smaller than the message: truncated.
+  OpState* small = pool->acquire();
+  small->tag = 7;
+  small->entries = {{dst.data(), 2}};
+  ASSERT_TRUE(pool->mark_posted(small));
+  m.post(small);
+  auto b = m.arrive(7, 4);
+  ASSERT_EQ(b.recv, small);
+  Matcher::deliver(small, std::vector<uint8_t>{9, 9, 9, 9}.data(), 4);
+  small->finish_posted();
+  EXPECT_EQ(small->status.code(), ErrorCode::kTruncated);
+  EXPECT_EQ(small->bytes.load(), 2u);
+  small->release();
+}
+
+TEST(Ring, KeepsOrderWhileGrowing) {
+  core::Ring<int> r;
+  int next_out = 0;
+  for (int i = 0; i < 1000; ++i) {
+    r.push_back(i);
+    if (i % 3 == 0) {
+      EXPECT_EQ(r.front(), next_out++);
+      r.pop_front();
+    }
+  }
+  while (!r.empty()) {
+    EXPECT_EQ(r.front(), next_out++);
+    r.pop_front();
+  }
+  EXPECT_EQ(next_out, 1000);
+}
+
+}  // namespace
+}  // namespace ferry::transport

@@ -1,0 +1,405 @@
+#include "bench.hpp"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <sstream>
+
+extern char** environ;
+
+namespace ferry::cli {
+namespace {
+
+using namespace std::chrono_literals;
+using BenchClock = std::chrono::steady_clock;
+
+// Tags of the bench's own control messages between initiator and target.
+constexpr uint64_t kTagSetup = 1;
+constexpr uint64_t kTagDescriptor = 2;
+constexpr uint64_t kTagData = 3;
+constexpr uint64_t kTagDone = 4;
+constexpr uint64_t kTagReport = 5;
+constexpr std::size_t kControlBytes = 4096;
+constexpr Duration kOpTimeout = 60s;
+// Each size moves about this much (or kMinIters operations) unless --iters says otherwise.
+constexpr uint64_t kBytesPerSize = 512ull << 20;
+constexpr int kMinIters = 20;
+constexpr int kMaxIters = 20000;
+constexpr int kWarmupIters = 3;
+
+uint8_t pattern_byte(uint64_t seed, uint64_t index) {
+  uint64_t x = (index + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+  x ^= x >> 29;
+  return static_cast<uint8_t>(x * 0xBF58476D1CE4E5B9ull >> 56);
+}
+
+void fill(uint8_t* p, uint64_t n, uint64_t seed) {
+  for (uint64_t i = 0; i < n; ++i) p[i] = pattern_byte(seed, i);
+}
+
+bool matches(const uint8_t* p, uint64_t n, uint64_t seed, uint64_t base_index = 0) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (p[i] != pattern_byte(seed, base_index + i)) return false;
+  }
+  return true;
+}
+
+void check(const Status& s, const std::string& what) {
+  if (!s.ok()) throw Error(s.code(), what + ": " + s.message());
+}
+
+// A small registered buffer for the bench's own messages.
+struct Mailbox {
+  explicit Mailbox(Engine& e) : buf(kControlBytes), region(e.register_memory(buf.data(), buf.size(), Access::kLocal)) {}
+  void send(const Peer& p, uint64_t tag, const std::string& text) {
+    std::memcpy(buf.data(), text.data(), text.size());
+    check(p.send(tag, region, 0, text.size()).wait(kOpTimeout), "send control message");
+  }
+  std::string recv(const Peer& p, uint64_t tag) {
+    Future f = p.recv(tag, region, 0, buf.size());
+    check(f.wait(kOpTimeout), "receive control message");
+    return std::string(reinterpret_cast<char*>(buf.data()), f.bytes());
+  }
+  std::vector<uint8_t> buf;
+  Region region;
+};
+
+std::string human_size(uint64_t n) {
+  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + "M";
+  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + "K";
+  return std::to_string(n);
+}
+
+Config engine_config(const BenchOptions& o, const std::string& listen) {
+  Config c;
+  if (!listen.empty()) {
+    auto colon = listen.rfind(':');
+    c.listen_host = colon == 0 ? "0.0.0.0" : listen.substr(0, colon);
+    c.listen_port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
+  } else {
+    c.listen_host = "127.0.0.1";
+  }
+  if (o.transport != "tcp") {
+    throw Error(ErrorCode::kUnsupported, "transport '" + o.transport + "' is not available here (tcp is)");
+  }
+  c.secret = o.secret;
+  c.progress_threads = o.threads;
+  if (o.streams > 0) c.tcp_streams = o.streams;
+  if (o.slice_bytes > 0) c.slice_bytes = o.slice_bytes;
+  if (o.busy_poll_us >= 0) c.busy_poll = std::chrono::microseconds(o.busy_poll_us);
+  if (o.wait_spin_us >= 0) c.wait_spin = std::chrono::microseconds(o.wait_spin_us);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Target: registers what the initiator asks for and serves until told to stop.
+
+int run_target(const BenchOptions& o) {
+  Engine engine(engine_config(o, o.listen));
+  std::atomic<uint64_t> imms{0};
+  engine.on_imm([&](const ImmEvent&) { imms.fetch_add(1); });
+  std::cout << "listening on " << engine.address() << std::endl;
+  auto accepted = engine.accept(std::chrono::hours(24));
+  if (!accepted) return 1;
+  Peer peer = *accepted;
+  Mailbox mail(engine);
+
+  // Setup: "<bytes> <send-count> <send-size>"
+  std::istringstream setup(mail.recv(peer, kTagSetup));
+  uint64_t bytes = 0, send_count = 0, send_size = 0;
+  setup >> bytes >> send_count >> send_size;
+  std::vector<uint8_t> buf(bytes);
+  fill(buf.data(), bytes, bytes);
+  Region region = engine.register_memory(buf.data(), bytes, Access::kRemoteReadWrite);
+  mail.send(peer, kTagDescriptor, region.descriptor().to_string());
+
+  // Serve send(): keep receives posted into rotating slots and check every message.
+  uint64_t bad_messages = 0;
+  for (;;) {
+    std::string cmd = mail.recv(peer, kTagSetup);
+    if (cmd == "done") break;
+    std::istringstream in(cmd);
+    uint64_t count = 0, size = 0, window = 0;
+    in >> count >> size >> window;
+    uint64_t slots = std::max<uint64_t>(1, std::min(window, bytes / std::max<uint64_t>(size, 1)));
+    std::deque<std::pair<Future, uint64_t>> posted;
+    uint64_t next = 0;
+    for (uint64_t done = 0; done < count;) {
+      while (next < count && posted.size() < slots) {
+        uint64_t slot = next % slots;
+        posted.emplace_back(peer.recv(kTagData, region, slot * size, size), slot);
+        ++next;
+      }
+      auto [f, slot] = posted.front();
+      posted.pop_front();
+      check(f.wait(kOpTimeout), "recv");
+      if (f.bytes() != size || !matches(buf.data() + slot * size, size, size)) ++bad_messages;
+      ++done;
+    }
+    mail.send(peer, kTagReport, std::to_string(bad_messages));
+  }
+  mail.send(peer, kTagReport, std::to_string(imms.load()) + " " + std::to_string(bad_messages));
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initiator
+
+struct Row {
+  std::string op;
+  uint64_t size;
+  int batch, concurrency, iters;
+  double p50_us, p99_us, mb_per_s, ops_per_s;
+  bool verified;
+};
+
+struct Initiator {
+  const BenchOptions& o;
+  Engine& engine;
+  Peer peer;
+  Descriptor remote;
+  uint64_t bytes;
+  std::vector<uint8_t> buf, check_buf;
+  Region region, check_region;
+  Mailbox& mail;
+  uint64_t imms_sent = 0;
+
+  uint64_t slot_offset(uint64_t size, int slot) const {
+    uint64_t per_op = size * static_cast<uint64_t>(o.batch);
+    return (static_cast<uint64_t>(slot) * per_op) % (bytes - per_op + 1);
+  }
+
+  Future start(const std::string& op, uint64_t size, int slot, std::vector<Transfer>& batch) {
+    uint64_t base = slot_offset(size, slot);
+    batch.resize(static_cast<std::size_t>(o.batch));
+    for (int i = 0; i < o.batch; ++i) {
+      uint64_t off = base + static_cast<uint64_t>(i) * size;
+      batch[static_cast<std::size_t>(i)] = Transfer{&region, off, &remote, off, size};
+    }
+    if (op == "write") return peer.write(batch);
+    if (op == "read") return peer.read(batch);
+    if (op == "write_imm") {
+      ++imms_sent;
+      return peer.write_with_imm(batch, static_cast<uint32_t>(size));
+    }
+    return peer.send(kTagData, region, base, size);
+  }
+
+  bool verify(const std::string& op, uint64_t size) {
+    uint64_t n = std::min<uint64_t>(size * static_cast<uint64_t>(o.batch), bytes);
+    Transfer t{&check_region, 0, &remote, 0, n};
+    if (op == "read") {
+      // The target filled its buffer with pattern(seed = buffer size); we must have read it.
+      return matches(buf.data(), n, bytes);
+    }
+    if (op == "send") return true;  // the target checks every message and reports at the end
+    // write / write_imm: write a fresh pattern, read it back through a separate region.
+    fill(buf.data(), n, size ^ 0x5a5a);
+    Transfer w{&region, 0, &remote, 0, n};
+    check(peer.write({&w, 1}).wait(kOpTimeout), "verify write");
+    std::fill(check_buf.begin(), check_buf.begin() + static_cast<long>(n), 0);
+    check(peer.read({&t, 1}).wait(kOpTimeout), "verify read");
+    return std::memcmp(check_buf.data(), buf.data(), n) == 0;
+  }
+
+  Row run(const std::string& op, uint64_t size) {
+    int iters = o.iters;
+    if (iters <= 0) {
+      uint64_t per_op = size * static_cast<uint64_t>(o.batch);
+      iters = static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters));
+    }
+    if (op == "send") {
+      mail.send(peer, kTagSetup,
+                std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
+                    std::to_string(o.concurrency));
+      fill(buf.data(), size, size);
+      // Sends reuse one source slot, so every message carries the pattern the target checks.
+    }
+    if (op == "read") {
+      // Give the remote bytes a known pattern, then clear ours, so verify() proves the reads.
+      uint64_t n = std::min<uint64_t>(size * static_cast<uint64_t>(o.batch), bytes);
+      fill(buf.data(), n, bytes);
+      Transfer w{&region, 0, &remote, 0, n};
+      check(peer.write({&w, 1}).wait(kOpTimeout), "prepare read");
+      std::fill(buf.begin(), buf.begin() + static_cast<long>(n), 0);
+    }
+    std::vector<std::vector<Transfer>> batches(static_cast<std::size_t>(o.concurrency));
+    std::vector<double> lat_us;
+    lat_us.reserve(static_cast<std::size_t>(iters));
+    std::deque<std::pair<Future, BenchClock::time_point>> inflight;
+    auto slot_for = [&](int i) { return op == "send" ? 0 : i % o.concurrency; };
+
+    for (int i = 0; i < kWarmupIters; ++i) {
+      check(start(op, size, slot_for(i), batches[0]).wait(kOpTimeout), op + " warm-up");
+    }
+    auto t0 = BenchClock::now();
+    int issued = 0;
+    while (issued < iters || !inflight.empty()) {
+      while (issued < iters && static_cast<int>(inflight.size()) < o.concurrency) {
+        int slot = slot_for(issued);
+        auto ts = BenchClock::now();
+        inflight.emplace_back(start(op, size, slot, batches[static_cast<std::size_t>(issued % o.concurrency)]), ts);
+        ++issued;
+      }
+      auto [f, ts] = inflight.front();
+      inflight.pop_front();
+      check(f.wait(kOpTimeout), op + " " + human_size(size));
+      lat_us.push_back(std::chrono::duration<double, std::micro>(BenchClock::now() - ts).count());
+    }
+    double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
+    if (op == "send") {
+      std::string bad = mail.recv(peer, kTagReport);
+      if (bad != "0") throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);
+    }
+    std::sort(lat_us.begin(), lat_us.end());
+    auto pct = [&](double q) { return lat_us[static_cast<std::size_t>(q * static_cast<double>(lat_us.size() - 1))]; };
+    double moved = static_cast<double>(size) * o.batch * iters;
+    Row r{op, size, o.batch, o.concurrency, iters, pct(0.5), pct(0.99), moved / secs / 1e6,
+          iters / secs, verify(op, size)};
+    if (!r.verified) throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
+    return r;
+  }
+};
+
+void print_row(const Row& r, bool json, const std::string& transport) {
+  char line[256];
+  if (json) {
+    std::snprintf(line, sizeof line,
+                  "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%d,\"concurrency\":%d,"
+                  "\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mb_per_s\":%.1f,\"ops_per_s\":%.0f,"
+                  "\"verified\":%s}",
+                  transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
+                  r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
+                  r.verified ? "true" : "false");
+  } else {
+    std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f", transport.c_str(),
+                  r.op.c_str(), human_size(r.size).c_str(), r.batch, r.concurrency, r.p50_us, r.p99_us,
+                  r.mb_per_s, r.ops_per_s);
+  }
+  std::cout << line << std::endl;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int run_initiator(const BenchOptions& o, const std::string& address) {
+  std::vector<std::string> ops = split(o.op);
+  for (const auto& op : ops) {
+    if (op != "write" && op != "read" && op != "write_imm" && op != "send") {
+      throw Error(ErrorCode::kInvalidArgument, "--op: unknown operation '" + op + "'");
+    }
+  }
+  if (o.batch < 1 || o.concurrency < 1) throw Error(ErrorCode::kInvalidArgument, "--batch and --concurrency must be >= 1");
+  std::vector<uint64_t> sizes = o.sizes;
+  if (sizes.empty()) {
+    for (uint64_t s = 4096; s <= (64u << 20); s *= 4) sizes.push_back(s);
+  }
+  uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  uint64_t bytes = largest * static_cast<uint64_t>(o.batch) * static_cast<uint64_t>(o.concurrency);
+  bytes = std::min<uint64_t>(bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
+
+  Engine engine(engine_config(o, ""));
+  Peer peer = engine.connect(address);
+  Mailbox mail(engine);
+  mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
+  Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
+
+  Initiator ini{o, engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes), {}, {}, mail};
+  ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
+  ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
+  fill(ini.buf.data(), bytes, 7);
+
+  if (!o.json) {
+    std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch", "conc",
+                "p50_us", "p99_us", "MB/s", "ops/s");
+  }
+  for (const auto& op : ops) {
+    for (uint64_t size : sizes) print_row(ini.run(op, size), o.json, o.transport);
+  }
+  mail.send(peer, kTagSetup, "done");
+  std::istringstream report(mail.recv(peer, kTagReport));
+  uint64_t imms = 0, bad = 0;
+  report >> imms >> bad;
+  if (imms != ini.imms_sent) {
+    throw Error(ErrorCode::kProtocol, "target got " + std::to_string(imms) + " immediates, " +
+                                          std::to_string(ini.imms_sent) + " were sent");
+  }
+  return 0;
+}
+
+// Starts `ferry bench --listen 127.0.0.1:0` and returns the address it prints.
+pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& address) {
+  int out[2];
+  if (pipe(out) != 0) throw Error(ErrorCode::kSystem, "pipe failed");
+  std::vector<std::string> args = {self, "bench", "--listen", "127.0.0.1:0", "--threads", std::to_string(o.threads)};
+  if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
+  if (o.streams > 0) args.insert(args.end(), {"--streams", std::to_string(o.streams)});
+  if (o.slice_bytes > 0) args.insert(args.end(), {"--slice", std::to_string(o.slice_bytes)});
+  if (o.busy_poll_us >= 0) args.insert(args.end(), {"--busy-poll-us", std::to_string(o.busy_poll_us)});
+  if (o.wait_spin_us >= 0) args.insert(args.end(), {"--wait-spin-us", std::to_string(o.wait_spin_us)});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+  if (rc != 0) throw Error(ErrorCode::kSystem, std::string("posix_spawn ") + self + ": " + std::strerror(rc));
+  std::string line;
+  char c;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+  close(out[0]);
+  const std::string prefix = "listening on ";
+  if (line.rfind(prefix, 0) != 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw Error(ErrorCode::kSystem, "bench target did not start: '" + line + "'");
+  }
+  address = line.substr(prefix.size());
+  return pid;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o, const std::string& self_path) {
+  if (!o.listen.empty()) return run_target(o);
+  if (!o.connect.empty()) return run_initiator(o, o.connect);
+  std::string address;
+  pid_t pid = spawn_target(o, self_path, address);
+  int rc = 1;
+  try {
+    rc = run_initiator(o, address);
+  } catch (...) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::cerr << "ferry bench: target process failed" << std::endl;
+    return 1;
+  }
+  return rc;
+}
+
+}  // namespace ferry::cli
