@@ -18,7 +18,7 @@ build: deps
 run: build
 	./build/release/tools/ferry bench
 
-test: deps check-layers test-release test-asan test-tsan test-fuzz
+test: deps check-layers test-release tidy test-asan test-tsan test-fuzz
 	@echo "all test suites passed"
 
 test-release: deps
@@ -49,7 +49,7 @@ bench-compare: build
 	bash bench/compare_tcp.sh
 
 format:
-	find include src tools tests -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+	find include src tools tests bench \( -name '*.cpp' -o -name '*.hpp' \) -print0 | xargs -0 clang-format -i
 
 tidy: build
 	run-clang-tidy -quiet -p build/release $(CURDIR)/src $(CURDIR)/tools

@@ -62,12 +62,14 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     if (!io_all(fd, buf.data(), bytes, true) || !io_all(fd, buf.data(), bytes, false)) return 1;
     if (i >= 100) {
-      rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      rtt.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   close(fd);
   waitpid(pid, nullptr, 0);
   std::sort(rtt.begin(), rtt.end());
-  std::printf("rtt_p50_us %.2f\nrtt_p99_us %.2f\n", rtt[rtt.size() / 2], rtt[rtt.size() * 99 / 100]);
+  std::printf("rtt_p50_us %.2f\nrtt_p99_us %.2f\n", rtt[rtt.size() / 2],
+              rtt[rtt.size() * 99 / 100]);
   return 0;
 }

@@ -58,7 +58,8 @@ class Status {
 // throw: their failures arrive in the Future's Status.
 class Error : public std::runtime_error {
  public:
-  explicit Error(Status status) : std::runtime_error(status.to_string()), status_(std::move(status)) {}
+  explicit Error(Status status)
+      : std::runtime_error(status.to_string()), status_(std::move(status)) {}
   Error(ErrorCode code, std::string message) : Error(Status(code, std::move(message))) {}
   ErrorCode code() const noexcept { return status_.code(); }
   const Status& status() const noexcept { return status_; }

@@ -31,6 +31,8 @@ Mac hmac_sha256(std::string_view key, std::span<const uint8_t> message) {
   return mac;
 }
 
-bool mac_equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+bool mac_equal(const Mac& a, const Mac& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
 
 }  // namespace ferry::core

@@ -49,7 +49,8 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
     return {ErrorCode::kProtocol, "frame: unknown status " + std::to_string(h.status)};
   }
   if (is_control(h.type) && h.length > kMaxControlPayload) {
-    return {ErrorCode::kProtocol, "frame: control payload of " + std::to_string(h.length) + " bytes"};
+    return {ErrorCode::kProtocol,
+            "frame: control payload of " + std::to_string(h.length) + " bytes"};
   }
   bool is_ack = h.type == FrameType::kWriteAck || h.type == FrameType::kSendAck;
   bool carries_error_text = is_ack || h.type == FrameType::kReadData;

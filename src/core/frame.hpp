@@ -31,7 +31,7 @@ enum class FrameType : uint8_t {
 };
 
 enum FrameFlags : uint8_t {
-  kFlagImm = 1,         // kWrite belongs to a write_with_imm: aux32 = imm, aux64 = streams used
+  kFlagImm = 1,           // kWrite belongs to a write_with_imm: aux32 = imm, aux64 = streams used
   kFlagLastOnStream = 2,  // last kWrite of its operation on this stream
 };
 

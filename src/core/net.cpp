@@ -32,14 +32,16 @@ Status parse_host_port(std::string_view text, HostPort& out) {
   if (!text.empty() && text.front() == '[') {
     auto close = text.find(']');
     if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return {ErrorCode::kInvalidArgument, "bad address '" + std::string(text) + "': want [v6]:port"};
+      return {ErrorCode::kInvalidArgument,
+              "bad address '" + std::string(text) + "': want [v6]:port"};
     }
     host = text.substr(1, close - 1);
     port = text.substr(close + 2);
   } else {
     auto colon = text.rfind(':');
     if (colon == std::string_view::npos) {
-      return {ErrorCode::kInvalidArgument, "bad address '" + std::string(text) + "': want host:port"};
+      return {ErrorCode::kInvalidArgument,
+              "bad address '" + std::string(text) + "': want host:port"};
     }
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
@@ -76,7 +78,8 @@ Status resolve(const HostPort& where, bool passive, AddrInfoPtr& out) {
 }
 
 int remaining_ms(Deadline deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
   return left.count() < 0 ? 0 : static_cast<int>(left.count());
 }
 

@@ -60,7 +60,8 @@ Status Reactor::add(int loop, int fd, uint32_t events, Handler* handler) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = handler;
-  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_ADD, fd, &ev) !=
+      0) {
     return sys_status("epoll_ctl ADD");
   }
   return {};
@@ -70,7 +71,8 @@ Status Reactor::modify(int loop, int fd, uint32_t events, Handler* handler) {
   epoll_event ev{};
   ev.events = events;
   ev.data.ptr = handler;
-  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_MOD, fd, &ev) != 0) {
+  if (::epoll_ctl(loops_[static_cast<std::size_t>(loop)]->epoll.get(), EPOLL_CTL_MOD, fd, &ev) !=
+      0) {
     return sys_status("epoll_ctl MOD");
   }
   return {};

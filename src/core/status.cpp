@@ -9,27 +9,48 @@ namespace ferry {
 
 const char* to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::kOk: return "ok";
-    case ErrorCode::kInProgress: return "in_progress";
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kOutOfBounds: return "out_of_bounds";
-    case ErrorCode::kPermissionDenied: return "permission_denied";
-    case ErrorCode::kUnknownRegion: return "unknown_region";
-    case ErrorCode::kRevoked: return "revoked";
-    case ErrorCode::kWrongKey: return "wrong_key";
-    case ErrorCode::kStaleIncarnation: return "stale_incarnation";
-    case ErrorCode::kWrongPeer: return "wrong_peer";
-    case ErrorCode::kPeerLost: return "peer_lost";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kCancelled: return "cancelled";
-    case ErrorCode::kProtocol: return "protocol";
-    case ErrorCode::kVersionMismatch: return "version_mismatch";
-    case ErrorCode::kAuthFailed: return "auth_failed";
-    case ErrorCode::kTruncated: return "truncated";
-    case ErrorCode::kResourceExhausted: return "resource_exhausted";
-    case ErrorCode::kConnectFailed: return "connect_failed";
-    case ErrorCode::kSystem: return "system";
-    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kOk:
+      return "ok";
+    case ErrorCode::kInProgress:
+      return "in_progress";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kOutOfBounds:
+      return "out_of_bounds";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kUnknownRegion:
+      return "unknown_region";
+    case ErrorCode::kRevoked:
+      return "revoked";
+    case ErrorCode::kWrongKey:
+      return "wrong_key";
+    case ErrorCode::kStaleIncarnation:
+      return "stale_incarnation";
+    case ErrorCode::kWrongPeer:
+      return "wrong_peer";
+    case ErrorCode::kPeerLost:
+      return "peer_lost";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kProtocol:
+      return "protocol";
+    case ErrorCode::kVersionMismatch:
+      return "version_mismatch";
+    case ErrorCode::kAuthFailed:
+      return "auth_failed";
+    case ErrorCode::kTruncated:
+      return "truncated";
+    case ErrorCode::kResourceExhausted:
+      return "resource_exhausted";
+    case ErrorCode::kConnectFailed:
+      return "connect_failed";
+    case ErrorCode::kSystem:
+      return "system";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
   }
   return "unknown";
 }
@@ -45,10 +66,14 @@ std::string Status::to_string() const {
 
 std::string_view to_string(TransportKind kind) noexcept {
   switch (kind) {
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kVerbs: return "verbs";
-    case TransportKind::kShm: return "shm";
-    case TransportKind::kCudaIpc: return "cuda_ipc";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kVerbs:
+      return "verbs";
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kCudaIpc:
+      return "cuda_ipc";
   }
   return "unknown";
 }

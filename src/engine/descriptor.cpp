@@ -50,7 +50,8 @@ Descriptor Descriptor::decode(std::span<const uint8_t> bytes) {
     return Error(ErrorCode::kInvalidArgument, "descriptor: " + why);
   };
   core::ByteReader r(bytes);
-  if (r.u8() != kDescriptorMagic0 || r.u8() != kDescriptorMagic1) throw bad("not a Ferry descriptor");
+  if (r.u8() != kDescriptorMagic0 || r.u8() != kDescriptorMagic1)
+    throw bad("not a Ferry descriptor");
   uint8_t version = r.u8();
   if (r.ok() && version != kDescriptorVersion) {
     throw Error(ErrorCode::kVersionMismatch, "descriptor: version " + std::to_string(version) +

@@ -30,10 +30,14 @@ constexpr int kHousekeepingMs = 100;
 
 const char* op_name(OpKind kind, bool imm) {
   switch (kind) {
-    case OpKind::kWrite: return imm ? "write_with_imm" : "write";
-    case OpKind::kRead: return "read";
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
+    case OpKind::kWrite:
+      return imm ? "write_with_imm" : "write";
+    case OpKind::kRead:
+      return "read";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
   }
   return "op";
 }
@@ -43,8 +47,8 @@ Status read_frame(int fd, core::Deadline deadline, FrameHeader& h, std::vector<u
   if (Status s = core::read_all(fd, raw, deadline); !s.ok()) return s;
   if (Status s = core::decode_header(raw, h); !s.ok()) return s;
   if (!core::is_control(h.type)) {
-    return {ErrorCode::kProtocol, "expected a control frame, got type " +
-                                      std::to_string(static_cast<int>(h.type))};
+    return {ErrorCode::kProtocol,
+            "expected a control frame, got type " + std::to_string(static_cast<int>(h.type))};
   }
   body.resize(h.length);
   return core::read_all(fd, body, deadline);
@@ -64,8 +68,8 @@ Status expect(int fd, core::Deadline deadline, FrameType want, std::vector<uint8
     return {e.code, "peer refused: " + e.message};
   }
   if (h.type != want) {
-    return {ErrorCode::kProtocol, "handshake: unexpected frame type " +
-                                      std::to_string(static_cast<int>(h.type))};
+    return {ErrorCode::kProtocol,
+            "handshake: unexpected frame type " + std::to_string(static_cast<int>(h.type))};
   }
   return {};
 }
@@ -130,8 +134,8 @@ struct PeerImpl::Control final : core::Reactor::Handler {
         } else if (h.type == FrameType::kBye) {
           lost = {ErrorCode::kPeerLost, "peer closed the connection"};
         } else if (h.type != FrameType::kPong) {
-          lost = {ErrorCode::kProtocol, "unexpected control frame " +
-                                            std::to_string(static_cast<int>(h.type))};
+          lost = {ErrorCode::kProtocol,
+                  "unexpected control frame " + std::to_string(static_cast<int>(h.type))};
         }
         std::memmove(in, in + whole, in_len - whole);
         in_len -= whole;
@@ -159,8 +163,8 @@ struct PeerImpl::Control final : core::Reactor::Handler {
   }
 };
 
-PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Hello& remote,
-                   std::string addr, TransportKind kind, core::Fd control)
+PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Hello& remote, std::string addr,
+                   TransportKind kind, core::Fd control)
     : engine_id(remote.engine_id),
       incarnation(remote.incarnation),
       address(std::move(addr)),
@@ -187,10 +191,11 @@ void PeerImpl::housekeeping(Clock::time_point now) {
   if (lost.load()) return;
   auto silent = now - Clock::time_point(Clock::duration(control_->last_heard_ns.load()));
   if (silent > engine->config.peer_timeout) {
-    close({ErrorCode::kPeerLost,
-           "no sign of life from " + address + " for " +
-               std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
-               " ms"});
+    close(
+        {ErrorCode::kPeerLost,
+         "no sign of life from " + address + " for " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+             " ms"});
     return;
   }
   if (now - control_->last_ping > engine->config.peer_timeout / 4) {
@@ -218,7 +223,7 @@ OpState* PeerImpl::start_op(OpKind kind) {
   return op;
 }
 
-Future PeerImpl::fail_now(OpState* op, Status status) {
+Future PeerImpl::fail_now(OpState* op, const Status& status) {
   op->complete_with(status);
   return Future(op);
 }
@@ -259,32 +264,36 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
   std::size_t i = 0;
   // Messages are built only on failure: the success path allocates nothing.
   auto refuse = [&](ErrorCode code, const std::string& detail) {
-    return fail_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " + std::to_string(i) +
-                                   ": " + detail});
+    return fail_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " +
+                                   std::to_string(i) + ": " + detail});
   };
   for (; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
     const Descriptor* remote = t.remote;
     if (remote == nullptr) return refuse(ErrorCode::kInvalidArgument, "no remote descriptor");
     if (remote->engine_id != engine_id) {
-      return refuse(ErrorCode::kWrongPeer, "descriptor of engine " + std::to_string(remote->engine_id) +
-                                               ", peer is " + std::to_string(engine_id));
+      return refuse(ErrorCode::kWrongPeer, "descriptor of engine " +
+                                               std::to_string(remote->engine_id) + ", peer is " +
+                                               std::to_string(engine_id));
     }
     if (remote->incarnation != incarnation) {
-      return refuse(ErrorCode::kStaleIncarnation, "descriptor from an earlier incarnation of the peer");
+      return refuse(ErrorCode::kStaleIncarnation,
+                    "descriptor from an earlier incarnation of the peer");
     }
     if (!allows(remote->access, wanted)) {
-      return refuse(ErrorCode::kPermissionDenied,
-                    "region " + std::to_string(remote->region_id) + " does not grant remote " +
-                        (kind == OpKind::kRead ? "read" : "write"));
+      return refuse(ErrorCode::kPermissionDenied, "region " + std::to_string(remote->region_id) +
+                                                      " does not grant remote " +
+                                                      (kind == OpKind::kRead ? "read" : "write"));
     }
     if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
-      return refuse(ErrorCode::kOutOfBounds,
-                    "remote offset " + std::to_string(t.remote_offset) + " + length " +
-                        std::to_string(t.length) + " exceeds region length " + std::to_string(remote->length));
+      return refuse(ErrorCode::kOutOfBounds, "remote offset " + std::to_string(t.remote_offset) +
+                                                 " + length " + std::to_string(t.length) +
+                                                 " exceeds region length " +
+                                                 std::to_string(remote->length));
     }
     const Descriptor::Key* key = remote->key_for(TransportKind::kTcp);
-    if (key == nullptr || key->length != 8) return refuse(ErrorCode::kUnsupported, "descriptor has no tcp key");
+    if (key == nullptr || key->length != 8)
+      return refuse(ErrorCode::kUnsupported, "descriptor has no tcp key");
     uint8_t* local = nullptr;
     if (Status s = take_local(op, t.local, t.local_offset, t.length, &local); !s.ok()) {
       return refuse(s.code(), s.message());
@@ -312,8 +321,9 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
     transport::LaneCursor& c = op->lanes[lane];
     c = {};
     transport::advance(*op, c, static_cast<uint64_t>(lane));
-    c.remaining = slices / static_cast<uint64_t>(op->lane_count) +
-                  (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
+    c.remaining =
+        slices / static_cast<uint64_t>(op->lane_count) +
+        (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
   }
   op->pending.store(static_cast<int64_t>(slices));
   op->bytes.store(total);
@@ -358,7 +368,9 @@ Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64
 
 namespace {
 void validate(const Config& c) {
-  auto bad = [](const std::string& what) { throw Error(ErrorCode::kInvalidArgument, "config: " + what); };
+  auto bad = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, "config: " + what);
+  };
   if (c.progress_threads < 1 || c.progress_threads > 64) bad("progress_threads must be 1..64");
   if (c.tcp_streams < 1 || c.tcp_streams > OpState::kMaxLanes) bad("tcp_streams must be 1..16");
   if (c.slice_bytes < kMinSliceBytes || c.slice_bytes > kMaxSliceBytes) {
@@ -366,7 +378,8 @@ void validate(const Config& c) {
   }
   if (c.slices_in_flight_per_stream < 1) bad("slices_in_flight_per_stream must be >= 1");
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
-  if (std::find(c.transports.begin(), c.transports.end(), TransportKind::kTcp) == c.transports.end()) {
+  if (std::find(c.transports.begin(), c.transports.end(), TransportKind::kTcp) ==
+      c.transports.end()) {
     throw Error(ErrorCode::kUnsupported,
                 "config: no usable transport selected (this build provides tcp)");
   }
@@ -388,17 +401,19 @@ EngineImpl::EngineImpl(const Config& cfg)
   reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
   core::HostPort where{config.listen_host, config.listen_port};
   core::throw_if_error(core::listen_tcp(where, listener_, port));
-  advertised_host = (config.listen_host == "0.0.0.0" || config.listen_host == "::" ||
-                     config.listen_host.empty())
-                        ? "127.0.0.1"
-                        : config.listen_host;
+  advertised_host =
+      (config.listen_host == "0.0.0.0" || config.listen_host == "::" || config.listen_host.empty())
+          ? "127.0.0.1"
+          : config.listen_host;
   stop_event_ = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_event_.valid()) throw Error(core::sys_status("eventfd"));
 }
 
 EngineImpl::~EngineImpl() { shutdown(); }
 
-void EngineImpl::start() { acceptor_ = std::thread([this] { acceptor_loop(); }); }
+void EngineImpl::start() {
+  acceptor_ = std::thread([this] { acceptor_loop(); });
+}
 
 void EngineImpl::deliver_imm(uint64_t peer_engine_id, uint32_t imm) {
   std::unique_lock lock(imm_mu_);
@@ -426,12 +441,16 @@ std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
 
 void EngineImpl::on_imm(std::function<void(const ImmEvent&)> fn) {
   std::deque<ImmEvent> queued;
+  std::function<void(const ImmEvent&)> deliver;
   {
     std::lock_guard lock(imm_mu_);
-    imm_callback_ = fn;
-    if (fn) queued.swap(imms_);
+    imm_callback_ = std::move(fn);
+    if (imm_callback_) {
+      queued.swap(imms_);
+      deliver = imm_callback_;
+    }
   }
-  for (const ImmEvent& e : queued) fn(e);  // nothing already received is dropped
+  for (const ImmEvent& e : queued) deliver(e);  // nothing already received is dropped
 }
 
 Region EngineImpl::register_memory(void* data, std::size_t length, Access access) {
@@ -476,19 +495,21 @@ void EngineImpl::deregister(RegionRecord& record) {
   for (auto& t : transports_) t->deregister_region(record.id);
 }
 
-std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(std::shared_ptr<PeerImpl> peer,
-                                                                      int streams) {
+std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
+    const std::shared_ptr<PeerImpl>& peer, int streams) {
   transport::tcp::TcpOptions options;
   options.streams = streams;
   options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
   std::weak_ptr<PeerImpl> weak = peer;
   std::weak_ptr<EngineImpl> weak_engine = weak_from_this();
-  return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak, weak_engine](const Status& why) {
-    auto p = weak.lock();
-    if (!p) return;
-    p->close(why);
-    if (auto e = weak_engine.lock()) e->peer_closed(p.get());
-  });
+  return transport::tcp::TcpChannel::create(*this, peer->link, options,
+                                            [weak, weak_engine](const Status& why) {
+                                              auto p = weak.lock();
+                                              if (!p) return;
+                                              p->close(why);
+                                              if (auto e = weak_engine.lock())
+                                                e->peer_closed(p.get());
+                                            });
 }
 
 void EngineImpl::peer_closed(PeerImpl* peer) {
@@ -524,14 +545,17 @@ Peer EngineImpl::connect(std::string_view host_port) {
   if (!config.secret.empty()) {
     if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, hello.nonce,
                                                                 ack.nonce, id, ack.engine_id))) {
-      throw Error(ErrorCode::kAuthFailed, "connect " + where.to_string() +
-                                              ": peer did not prove knowledge of the shared secret");
+      throw Error(
+          ErrorCode::kAuthFailed,
+          "connect " + where.to_string() + ": peer did not prove knowledge of the shared secret");
     }
-    engine::Auth auth{engine::auth_mac(config.secret, false, hello.nonce, ack.nonce, id, ack.engine_id)};
+    engine::Auth auth{
+        engine::auth_mac(config.secret, false, hello.nonce, ack.nonce, id, ack.engine_id)};
     core::throw_if_error(write_frame(fd.get(), engine::encode(auth), deadline));
     core::throw_if_error(expect(fd.get(), deadline, FrameType::kAuthOk, body));
   } else if (ack.mac) {
-    throw Error(ErrorCode::kAuthFailed, "connect " + where.to_string() + ": peer requires a shared secret");
+    throw Error(ErrorCode::kAuthFailed,
+                "connect " + where.to_string() + ": peer requires a shared secret");
   }
 
   engine::Hello remote;
@@ -554,8 +578,8 @@ Peer EngineImpl::connect(std::string_view host_port) {
     if (s.ok()) s = peer->channel->attach(i, std::move(sfd));
     if (!s.ok()) {
       peer->close(s);
-      throw Error(s.code(), "connect " + where.to_string() + ": stream " + std::to_string(i) + ": " +
-                                s.message());
+      throw Error(s.code(), "connect " + where.to_string() + ": stream " + std::to_string(i) +
+                                ": " + s.message());
     }
   }
   peer->start_control();
@@ -616,12 +640,14 @@ void EngineImpl::serve_new_connection(core::Fd fd) {
   if (!s.ok() && fd.valid()) refuse(fd.get(), s, deadline);
 }
 
-Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline) {
+Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body,
+                               core::Deadline deadline) {
   engine::Hello hello;
   if (Status s = engine::decode(body, hello); !s.ok()) return s;
   bool offers_tcp = std::find(hello.transports.begin(), hello.transports.end(),
                               TransportKind::kTcp) != hello.transports.end();
-  if (!offers_tcp) return {ErrorCode::kUnsupported, "no transport in common (this engine offers tcp)"};
+  if (!offers_tcp)
+    return {ErrorCode::kUnsupported, "no transport in common (this engine offers tcp)"};
 
   engine::HelloAck ack;
   ack.engine_id = id;
@@ -645,7 +671,8 @@ Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body, core
                                                     hello.engine_id, id))) {
       return {ErrorCode::kAuthFailed, "wrong shared secret"};
     }
-    if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kAuthOk), deadline); !s.ok()) {
+    if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kAuthOk), deadline);
+        !s.ok()) {
       return s;
     }
   }
@@ -658,7 +685,8 @@ Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body, core
   return {};
 }
 
-Status EngineImpl::serve_join(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline) {
+Status EngineImpl::serve_join(core::Fd& fd, std::span<const uint8_t> body,
+                              core::Deadline deadline) {
   engine::Join join;
   if (Status s = engine::decode(body, join); !s.ok()) return s;
   std::shared_ptr<PeerImpl> peer;
@@ -669,7 +697,8 @@ Status EngineImpl::serve_join(core::Fd& fd, std::span<const uint8_t> body, core:
     if (it == joining_.end()) return {ErrorCode::kProtocol, "join: unknown session"};
     peer = it->second.peer;
   }
-  if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kJoinOk), deadline); !s.ok()) {
+  if (Status s = write_frame(fd.get(), engine::encode_empty(FrameType::kJoinOk), deadline);
+      !s.ok()) {
     return s;
   }
   if (Status s = peer->channel->attach(join.stream, std::move(fd)); !s.ok()) {
@@ -710,7 +739,8 @@ void EngineImpl::housekeeping() {
     }
     live = peers_;
   }
-  for (auto& p : expired) p->close({ErrorCode::kTimeout, "peer did not open all its streams in time"});
+  for (auto& p : expired)
+    p->close({ErrorCode::kTimeout, "peer did not open all its streams in time"});
   for (auto& p : live) p->housekeeping(now);
 }
 

@@ -68,7 +68,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   friend class EngineImpl;
   struct Control;
   transport::OpState* start_op(transport::OpKind kind);
-  Future fail_now(transport::OpState* op, Status status);
+  Future fail_now(transport::OpState* op, const Status& status);
   // Validates a local range and leases its region to the op until completion.
   Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
                     uint8_t** addr);
@@ -99,7 +99,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
 
   // The peer lost its connection (already closed); forget it.
   void peer_closed(PeerImpl* peer);
-  std::shared_ptr<transport::tcp::TcpChannel> make_channel(std::shared_ptr<PeerImpl> peer, int streams);
+  std::shared_ptr<transport::tcp::TcpChannel> make_channel(const std::shared_ptr<PeerImpl>& peer,
+                                                           int streams);
 
   const Config config;
   const uint64_t id;

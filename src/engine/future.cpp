@@ -29,14 +29,13 @@ Future::~Future() {
   if (op_ != nullptr) op_->release();
 }
 
-bool Future::test() const {
-  return op_ != nullptr && op_->done.load(std::memory_order_acquire);
-}
+bool Future::test() const { return op_ != nullptr && op_->done.load(std::memory_order_acquire); }
 
 Status Future::status() const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
   detail::OpState* op = op_;
-  if (!op->done.load(std::memory_order_acquire)) return {ErrorCode::kInProgress, "operation running"};
+  if (!op->done.load(std::memory_order_acquire))
+    return {ErrorCode::kInProgress, "operation running"};
   return op->status;
 }
 
@@ -50,7 +49,8 @@ Status Future::wait(Duration timeout) const {
   }
   if (!op->done.load(std::memory_order_acquire)) {
     std::unique_lock lock(op->mu);
-    if (!op->cv.wait_until(lock, deadline, [op] { return op->done.load(std::memory_order_acquire); })) {
+    if (!op->cv.wait_until(lock, deadline,
+                           [op] { return op->done.load(std::memory_order_acquire); })) {
       return {ErrorCode::kTimeout, "operation still running after the wait timed out"};
     }
   }

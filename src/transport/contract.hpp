@@ -44,9 +44,9 @@ struct PeerLink {
 };
 
 enum Capability : uint32_t {
-  kCapOneSided = 1,       // write / read without the target's CPU in the data path (RDMA)
-  kCapCrossHost = 2,      // reaches other machines
-  kCapInlineSmall = 4,    // small payloads travel inside the work request
+  kCapOneSided = 1,     // write / read without the target's CPU in the data path (RDMA)
+  kCapCrossHost = 2,    // reaches other machines
+  kCapInlineSmall = 4,  // small payloads travel inside the work request
 };
 
 enum class PostResult : uint8_t {
@@ -78,7 +78,8 @@ class Transport {
   virtual uint32_t capabilities() const = 0;
   // Writes this transport's key for a region into `key` (bytes and length).
   virtual Status register_region(uint32_t region_id, uint8_t* base, uint64_t length,
-                                 uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) = 0;
+                                 uint64_t table_key, std::span<uint8_t> key,
+                                 uint8_t& key_length) = 0;
   virtual void deregister_region(uint32_t region_id) = 0;
 };
 

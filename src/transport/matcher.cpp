@@ -16,8 +16,9 @@ void Matcher::settle(OpState* recv, uint64_t length) {
   const OpEntry& dst = recv->entries[0];
   recv->bytes.store(length < dst.length ? length : dst.length);
   if (length > dst.length) {
-    recv->record_error({ErrorCode::kTruncated, "recv tag " + std::to_string(recv->tag) + ": message of " +
-                                                   std::to_string(length) + " bytes, buffer holds " +
+    recv->record_error({ErrorCode::kTruncated, "recv tag " + std::to_string(recv->tag) +
+                                                   ": message of " + std::to_string(length) +
+                                                   " bytes, buffer holds " +
                                                    std::to_string(dst.length)});
   }
 }

@@ -76,9 +76,9 @@ struct OpState {
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;
-  int64_t spin_ns = 0;  // Future::wait spins this long before sleeping
-  std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
-  std::vector<RegionSlot*> leases;   // local regions held until completion
+  int64_t spin_ns = 0;              // Future::wait spins this long before sleeping
+  std::vector<OpEntry> entries;     // capacity kept across reuses: no allocation when warm
+  std::vector<RegionSlot*> leases;  // local regions held until completion
 
   // Lanes (TCP streams) the op is spread over.
   int lane_count = 0;

@@ -17,8 +17,9 @@ uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint
     } else if (next_unused_ < kMaxRegions) {
       index = next_unused_++;
     } else {
-      throw Error(ErrorCode::kResourceExhausted,
-                  "register_memory: all " + std::to_string(kMaxRegions - 1) + " region slots in use");
+      throw Error(
+          ErrorCode::kResourceExhausted,
+          "register_memory: all " + std::to_string(kMaxRegions - 1) + " region slots in use");
     }
   }
   RegionSlot& slot = slots_[index];
@@ -64,17 +65,17 @@ Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t
   if (slot.state.load() != RegionSlot::kActive) {
     return {ErrorCode::kRevoked, "region " + std::to_string(id) + " was deregistered"};
   }
-  if (slot.key != key) return {ErrorCode::kWrongKey, "region " + std::to_string(id) + ": wrong key"};
+  if (slot.key != key)
+    return {ErrorCode::kWrongKey, "region " + std::to_string(id) + ": wrong key"};
   if (!allows(slot.access, wanted)) {
-    return {ErrorCode::kPermissionDenied,
-            "region " + std::to_string(id) + " does not grant remote " +
-                (wanted == Access::kRemoteRead ? "read" : "write")};
+    return {ErrorCode::kPermissionDenied, "region " + std::to_string(id) +
+                                              " does not grant remote " +
+                                              (wanted == Access::kRemoteRead ? "read" : "write")};
   }
   if (offset > slot.length || length > slot.length - offset) {
-    return {ErrorCode::kOutOfBounds, "region " + std::to_string(id) + ": offset " +
-                                         std::to_string(offset) + " + length " +
-                                         std::to_string(length) + " exceeds its length " +
-                                         std::to_string(slot.length)};
+    return {ErrorCode::kOutOfBounds,
+            "region " + std::to_string(id) + ": offset " + std::to_string(offset) + " + length " +
+                std::to_string(length) + " exceeds its length " + std::to_string(slot.length)};
   }
   *addr = slot.base + offset;
   use = std::move(held);

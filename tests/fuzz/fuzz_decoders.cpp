@@ -55,7 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       break;
     case 7:
       try {
-        (void)ferry::Descriptor::parse(std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+        (void)ferry::Descriptor::parse(
+            std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
       } catch (const ferry::Error&) {
       }
       break;

@@ -75,7 +75,8 @@ TEST_F(Errors, RevokedRegionFailsAtTheInitiator) {
   remote.deregister();
   std::fill(remote_buf.begin(), remote_buf.end(), 0);
   Status s = write(desc, 0, 64);
-  EXPECT_TRUE(s.code() == ErrorCode::kRevoked || s.code() == ErrorCode::kUnknownRegion) << s.to_string();
+  EXPECT_TRUE(s.code() == ErrorCode::kRevoked || s.code() == ErrorCode::kUnknownRegion)
+      << s.to_string();
   EXPECT_TRUE(remote_untouched());
 }
 
@@ -98,7 +99,8 @@ TEST_F(Errors, DescriptorOfAnotherEngineOrIncarnationIsRejected) {
 
 TEST_F(Errors, OneBadEntryFailsTheBatchBeforeAnythingIsSent) {
   std::vector<Transfer> batch;
-  for (int i = 0; i < 10; ++i) batch.push_back({&local, 0, &desc, static_cast<uint64_t>(i) * 64, 64});
+  for (int i = 0; i < 10; ++i)
+    batch.push_back({&local, 0, &desc, static_cast<uint64_t>(i) * 64, 64});
   batch.push_back({&local, 0, &desc, 4090, 64});
   Status s = p.peer.write(batch).wait(kWait);
   EXPECT_EQ(s.code(), ErrorCode::kOutOfBounds);

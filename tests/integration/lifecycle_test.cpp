@@ -24,11 +24,13 @@ TEST(Lifecycle, ShutdownCancelsInFlightOperations) {
     EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled) << s.to_string();
   }
   EXPECT_EQ(pending_recv.wait(kWait).code(), ErrorCode::kCancelled);
-  EXPECT_EQ(p->peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost) << "no work after shutdown";
+  EXPECT_EQ(p->peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost)
+      << "no work after shutdown";
   EXPECT_THROW(p->initiator.connect(p->target.address()), Error);
   // The target notices the initiator left.
   auto deadline = Clock::now() + kWait;
-  while (p->target_peer.connected() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (p->target_peer.connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_FALSE(p->target_peer.connected());
 }
 

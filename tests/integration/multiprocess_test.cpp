@@ -79,7 +79,8 @@ bool wait_until_stopped(pid_t pid) {
       std::string line;
       std::getline(stat, line);
       auto close = line.rfind(')');
-      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T') all_stopped = false;
+      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+        all_stopped = false;
     }
     if (all_stopped) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -104,7 +105,8 @@ TEST(MultiProcess, ByteExactAcrossTheProcessBoundary) {
   ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
   for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
 
-  for (uint64_t size : {uint64_t{1}, uint64_t{3}, uint64_t{4097}, uint64_t{999999}, uint64_t{5} << 20}) {
+  for (uint64_t size :
+       {uint64_t{1}, uint64_t{3}, uint64_t{4097}, uint64_t{999999}, uint64_t{5} << 20}) {
     uint64_t off = (size * 13) % (kSize - size);
     fill_pattern(buf.data() + off, size, static_cast<uint32_t>(size));
     Transfer w{&local, off, &target.descriptor, off, size};
@@ -137,8 +139,10 @@ TEST(MultiProcess, KilledTargetFailsInFlightOperationsWithinTheTimeout) {
   for (auto& f : futures) {
     Status s = f.wait(c.peer_timeout + std::chrono::seconds(2));
     ASSERT_NE(s.code(), ErrorCode::kTimeout) << "an operation hung after the target died";
-    if (s.code() == ErrorCode::kPeerLost) ++lost;
-    else EXPECT_TRUE(s.ok()) << s.to_string();
+    if (s.code() == ErrorCode::kPeerLost)
+      ++lost;
+    else
+      EXPECT_TRUE(s.ok()) << s.to_string();
   }
   EXPECT_GT(lost, 0);
   EXPECT_LT(Clock::now() - start, c.peer_timeout + std::chrono::seconds(2));
@@ -185,7 +189,9 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
     EXPECT_NE(out.find(std::string("tcp       ") + op), std::string::npos) << op << "\n" << out;
   }
   std::string json;
-  ASSERT_EQ(run(std::string(FERRY_CLI_PATH) + " bench --op read --sizes 65536 --iters 3 --json", json), 0) << json;
+  ASSERT_EQ(
+      run(std::string(FERRY_CLI_PATH) + " bench --op read --sizes 65536 --iters 3 --json", json), 0)
+      << json;
   EXPECT_NE(json.find("\"verified\":true"), std::string::npos) << json;
 }
 

@@ -83,7 +83,8 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
   }
   for (auto& th : threads) th.join();
   ASSERT_EQ(failures.load(), 0);
-  // Every slot's last-written bytes match the source (the writes overlap, the sources don't change).
+  // Every slot's last-written bytes match the source (the writes overlap, the sources don't
+  // change).
   for (int t = 0; t < kThreads; ++t) {
     bool forward = t % 2 == 0;
     Side& src = forward ? init_side : target_side;
@@ -92,7 +93,8 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
     for (int i = 0; i < kOpsPerThread; ++i) {
       uint64_t len = 1 + (static_cast<uint64_t>(i) * 104729) % kSlot;
       uint64_t off = (static_cast<uint64_t>(i) * 7919) % (kSlot - len + 1);
-      ASSERT_EQ(0, std::memcmp(src.buf.data() + base + off, dst.buf.data() + base + off, len)) << t << " " << i;
+      ASSERT_EQ(0, std::memcmp(src.buf.data() + base + off, dst.buf.data() + base + off, len))
+          << t << " " << i;
     }
   }
 }
@@ -118,7 +120,8 @@ TEST(WriteWithImm, NotificationComesAfterEveryByteLanded) {
     ASSERT_EQ(0, std::memcmp(local.buf.data(), remote.buf.data(), kLen)) << round;
     ASSERT_TRUE(f.wait(kWait).ok());
   }
-  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value()) << "one notification per op";
+  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value())
+      << "one notification per op";
 }
 
 TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
@@ -137,9 +140,11 @@ TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
   Transfer bad{&local.region, 0, &forged, 0, 1 << 20};
   EXPECT_EQ(p.peer.write_with_imm({&bad, 1}, 1).wait(kWait).code(), ErrorCode::kWrongKey);
   Transfer good{&local.region, 0, &d, 0, 1 << 20};
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(p.peer.write_with_imm({&good, 1}, 100 + i).wait(kWait).ok());
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(p.peer.write_with_imm({&good, 1}, 100 + i).wait(kWait).ok());
   auto deadline = Clock::now() + kWait;
-  while (seen.load() < 20 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (seen.load() < 20 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(seen.load(), 20) << "the refused write must not notify";
   EXPECT_EQ(last.load(), 119u);
 }

@@ -51,7 +51,9 @@ struct Raw {
     if (!s.ok()) throw Error(s);
   }
   static core::Deadline deadline() { return Clock::now() + std::chrono::seconds(10); }
-  void send(const std::vector<uint8_t>& bytes) { ASSERT_TRUE(core::write_all(fd.get(), bytes, deadline()).ok()); }
+  void send(const std::vector<uint8_t>& bytes) {
+    ASSERT_TRUE(core::write_all(fd.get(), bytes, deadline()).ok());
+  }
   // Reads one frame; returns its header and body.
   Status read(core::FrameHeader& h, std::vector<uint8_t>& body) {
     uint8_t raw[core::kFrameHeaderSize];
@@ -161,7 +163,8 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
   core::encode_header(bogus, frame.data());
   stream.send(frame);
   auto deadline = Clock::now() + kWait;
-  while (peer->connected() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (peer->connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_FALSE(peer->connected());
   EXPECT_TRUE(std::all_of(mem.begin(), mem.end(), [](uint8_t b) { return b == 0; }));
   expect_engine_still_serves(server);

@@ -24,8 +24,9 @@ TEST(Transfer, WriteAndReadAcrossSizesAndOddOffsets) {
   Pair p;
   const std::size_t cap = (64u << 20) + 64;
   Buffers b(p, cap);
-  for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{65537},
-                           std::size_t{1} << 20, (std::size_t{3} << 20) + 13, std::size_t{64} << 20}) {
+  for (std::size_t size :
+       {std::size_t{1}, std::size_t{7}, std::size_t{4096}, std::size_t{65537}, std::size_t{1} << 20,
+        (std::size_t{3} << 20) + 13, std::size_t{64} << 20}) {
     SCOPED_TRACE(size);
     uint64_t loff = size % 7, roff = size % 13;
     fill_pattern(b.local_buf.data() + loff, size, static_cast<uint32_t>(size));

@@ -38,7 +38,9 @@ inline void fill_pattern(uint8_t* p, std::size_t n, uint32_t seed) {
   }
   for (; i < n; ++i) p[i] = static_cast<uint8_t>(x >> (8 * (i % 4)));
 }
-inline void fill_pattern(std::vector<uint8_t>& v, uint32_t seed) { fill_pattern(v.data(), v.size(), seed); }
+inline void fill_pattern(std::vector<uint8_t>& v, uint32_t seed) {
+  fill_pattern(v.data(), v.size(), seed);
+}
 
 struct Pair {
   explicit Pair(Config target_config = test_config(), Config initiator_config = test_config())

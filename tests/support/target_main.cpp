@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> mem(size);
   for (std::size_t i = 0; i < size; ++i) mem[i] = static_cast<uint8_t>(i * 31 + 7);
   ferry::Region region = engine.register_memory(mem.data(), size, ferry::Access::kRemoteReadWrite);
-  std::cout << "ADDR " << engine.address() << "\nDESC " << region.descriptor().to_string() << std::endl;
+  std::cout << "ADDR " << engine.address() << "\nDESC " << region.descriptor().to_string()
+            << std::endl;
   char c1;
   while (read(STDIN_FILENO, &c1, 1) > 0) {
   }

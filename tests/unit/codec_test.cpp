@@ -76,10 +76,11 @@ Status decode_modified(void (*change)(FrameHeader&), int raw_byte = -1, uint8_t 
 TEST(FrameHeader, RejectsMalformedHeaders) {
   auto same = [](FrameHeader&) {};
   EXPECT_TRUE(decode_modified(same).ok());
-  EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);    // type 0
-  EXPECT_EQ(decode_modified(same, 0, 11).code(), ErrorCode::kProtocol);   // gap in types
+  EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);   // type 0
+  EXPECT_EQ(decode_modified(same, 0, 11).code(), ErrorCode::kProtocol);  // gap in types
   EXPECT_EQ(decode_modified(same, 0, 200).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = core::kFlagImm; }).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = core::kFlagImm; }).code(),
+            ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) { h.status = 999; }).code(), ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) { h.length = 5; }).code(), ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) {
@@ -199,7 +200,8 @@ Descriptor sample_descriptor() {
 
 TEST(Descriptor, RoundTripsBinaryAndText) {
   Descriptor d = sample_descriptor();
-  for (const Descriptor& back : {Descriptor::decode(d.encode()), Descriptor::parse(d.to_string())}) {
+  for (const Descriptor& back :
+       {Descriptor::decode(d.encode()), Descriptor::parse(d.to_string())}) {
     EXPECT_EQ(back.engine_id, d.engine_id);
     EXPECT_EQ(back.incarnation, d.incarnation);
     EXPECT_EQ(back.region_id, d.region_id);
@@ -226,7 +228,9 @@ ErrorCode decode_error(std::vector<uint8_t> bytes) {
 TEST(Descriptor, RejectsMalformedInput) {
   auto good = sample_descriptor().encode();
   for (std::size_t cut = 0; cut < good.size(); ++cut) {
-    EXPECT_EQ(decode_error({good.begin(), good.begin() + static_cast<long>(cut)}), ErrorCode::kInvalidArgument) << cut;
+    EXPECT_EQ(decode_error({good.begin(), good.begin() + static_cast<long>(cut)}),
+              ErrorCode::kInvalidArgument)
+        << cut;
   }
   auto trailing = good;
   trailing.push_back(1);

@@ -21,13 +21,19 @@ TEST(RegionTable, ValidatesEveryAccess) {
   ASSERT_TRUE(t.acquire(id, 77, 10, 90, Access::kRemoteRead, &addr, use).ok());
   EXPECT_EQ(addr, mem.data() + 10);
   use.release();
-  EXPECT_EQ(t.acquire(id, 77, 10, 91, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
-  EXPECT_EQ(t.acquire(id, 77, 101, 0, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
-  EXPECT_EQ(t.acquire(id, 77, ~0ull, 2, Access::kRemoteRead, &addr, use).code(), ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 77, 10, 91, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 77, 101, 0, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kOutOfBounds);
+  EXPECT_EQ(t.acquire(id, 77, ~0ull, 2, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kOutOfBounds);
   EXPECT_EQ(t.acquire(id, 78, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kWrongKey);
-  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteWrite, &addr, use).code(), ErrorCode::kPermissionDenied);
-  EXPECT_EQ(t.acquire(id + 1, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
-  EXPECT_EQ(t.acquire(0, 0, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
+  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteWrite, &addr, use).code(),
+            ErrorCode::kPermissionDenied);
+  EXPECT_EQ(t.acquire(id + 1, 77, 0, 1, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kUnknownRegion);
+  EXPECT_EQ(t.acquire(0, 0, 0, 1, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kUnknownRegion);
   EXPECT_FALSE(use.valid());
 
   t.revoke(id);
@@ -35,7 +41,8 @@ TEST(RegionTable, ValidatesEveryAccess) {
   // The slot is reused under a new id; the old id stays dead.
   uint32_t id2 = t.insert(mem.data(), mem.size(), Access::kRemoteRead, 77);
   EXPECT_NE(id, id2);
-  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kUnknownRegion);
+  EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(),
+            ErrorCode::kUnknownRegion);
   EXPECT_TRUE(t.acquire(id2, 77, 0, 1, Access::kRemoteRead, &addr, use).ok());
 }
 

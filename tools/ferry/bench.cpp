@@ -26,8 +26,7 @@ using BenchClock = std::chrono::steady_clock;
 constexpr uint64_t kTagSetup = 1;
 constexpr uint64_t kTagDescriptor = 2;
 constexpr uint64_t kTagData = 3;
-constexpr uint64_t kTagDone = 4;
-constexpr uint64_t kTagReport = 5;
+constexpr uint64_t kTagReport = 4;
 constexpr std::size_t kControlBytes = 4096;
 constexpr Duration kOpTimeout = 60s;
 // Each size moves about this much (or kMinIters operations) unless --iters says otherwise.
@@ -59,7 +58,8 @@ void check(const Status& s, const std::string& what) {
 
 // A small registered buffer for the bench's own messages.
 struct Mailbox {
-  explicit Mailbox(Engine& e) : buf(kControlBytes), region(e.register_memory(buf.data(), buf.size(), Access::kLocal)) {}
+  explicit Mailbox(Engine& e)
+      : buf(kControlBytes), region(e.register_memory(buf.data(), buf.size(), Access::kLocal)) {}
   void send(const Peer& p, uint64_t tag, const std::string& text) {
     std::memcpy(buf.data(), text.data(), text.size());
     check(p.send(tag, region, 0, text.size()).wait(kOpTimeout), "send control message");
@@ -89,7 +89,8 @@ Config engine_config(const BenchOptions& o, const std::string& listen) {
     c.listen_host = "127.0.0.1";
   }
   if (o.transport != "tcp") {
-    throw Error(ErrorCode::kUnsupported, "transport '" + o.transport + "' is not available here (tcp is)");
+    throw Error(ErrorCode::kUnsupported,
+                "transport '" + o.transport + "' is not available here (tcp is)");
   }
   c.secret = o.secret;
   c.progress_threads = o.threads;
@@ -247,7 +248,8 @@ struct Initiator {
       while (issued < iters && static_cast<int>(inflight.size()) < o.concurrency) {
         int slot = slot_for(issued);
         auto ts = BenchClock::now();
-        inflight.emplace_back(start(op, size, slot, batches[static_cast<std::size_t>(issued % o.concurrency)]), ts);
+        inflight.emplace_back(
+            start(op, size, slot, batches[static_cast<std::size_t>(issued % o.concurrency)]), ts);
         ++issued;
       }
       auto [f, ts] = inflight.front();
@@ -258,14 +260,21 @@ struct Initiator {
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
       std::string bad = mail.recv(peer, kTagReport);
-      if (bad != "0") throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);
+      if (bad != "0")
+        throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);
     }
     std::sort(lat_us.begin(), lat_us.end());
-    auto pct = [&](double q) { return lat_us[static_cast<std::size_t>(q * static_cast<double>(lat_us.size() - 1))]; };
+    auto pct = [&](double q) {
+      return lat_us[static_cast<std::size_t>(q * static_cast<double>(lat_us.size() - 1))];
+    };
     double moved = static_cast<double>(size) * o.batch * iters;
-    Row r{op, size, o.batch, o.concurrency, iters, pct(0.5), pct(0.99), moved / secs / 1e6,
+    Row r{op,           size,
+          o.batch,      o.concurrency,
+          iters,        pct(0.5),
+          pct(0.99),    moved / secs / 1e6,
           iters / secs, verify(op, size)};
-    if (!r.verified) throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
+    if (!r.verified)
+      throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
     return r;
   }
 };
@@ -273,17 +282,18 @@ struct Initiator {
 void print_row(const Row& r, bool json, const std::string& transport) {
   char line[256];
   if (json) {
-    std::snprintf(line, sizeof line,
-                  "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%d,\"concurrency\":%d,"
-                  "\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mb_per_s\":%.1f,\"ops_per_s\":%.0f,"
-                  "\"verified\":%s}",
-                  transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
-                  r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
-                  r.verified ? "true" : "false");
+    std::snprintf(
+        line, sizeof line,
+        "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%d,\"concurrency\":%d,"
+        "\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mb_per_s\":%.1f,\"ops_per_s\":%.0f,"
+        "\"verified\":%s}",
+        transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
+        r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
+        r.verified ? "true" : "false");
   } else {
-    std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f", transport.c_str(),
-                  r.op.c_str(), human_size(r.size).c_str(), r.batch, r.concurrency, r.p50_us, r.p99_us,
-                  r.mb_per_s, r.ops_per_s);
+    std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
+                  transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch,
+                  r.concurrency, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s);
   }
   std::cout << line << std::endl;
 }
@@ -304,14 +314,16 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
       throw Error(ErrorCode::kInvalidArgument, "--op: unknown operation '" + op + "'");
     }
   }
-  if (o.batch < 1 || o.concurrency < 1) throw Error(ErrorCode::kInvalidArgument, "--batch and --concurrency must be >= 1");
+  if (o.batch < 1 || o.concurrency < 1)
+    throw Error(ErrorCode::kInvalidArgument, "--batch and --concurrency must be >= 1");
   std::vector<uint64_t> sizes = o.sizes;
   if (sizes.empty()) {
     for (uint64_t s = 4096; s <= (64u << 20); s *= 4) sizes.push_back(s);
   }
   uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
   uint64_t bytes = largest * static_cast<uint64_t>(o.batch) * static_cast<uint64_t>(o.concurrency);
-  bytes = std::min<uint64_t>(bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
+  bytes = std::min<uint64_t>(
+      bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
 
   Engine engine(engine_config(o, ""));
   Peer peer = engine.connect(address);
@@ -319,14 +331,16 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
   Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
 
-  Initiator ini{o, engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes), {}, {}, mail};
+  Initiator ini{
+      o,  engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
+      {}, {},     mail};
   ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
   ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
   fill(ini.buf.data(), bytes, 7);
 
   if (!o.json) {
-    std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch", "conc",
-                "p50_us", "p99_us", "MB/s", "ops/s");
+    std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
+                "conc", "p50_us", "p99_us", "MB/s", "ops/s");
   }
   for (const auto& op : ops) {
     for (uint64_t size : sizes) print_row(ini.run(op, size), o.json, o.transport);
@@ -346,13 +360,17 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
 pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& address) {
   int out[2];
   if (pipe(out) != 0) throw Error(ErrorCode::kSystem, "pipe failed");
-  std::vector<std::string> args = {self, "bench", "--listen", "127.0.0.1:0", "--threads", std::to_string(o.threads)};
+  std::vector<std::string> args = {self,          "bench",     "--listen",
+                                   "127.0.0.1:0", "--threads", std::to_string(o.threads)};
   if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
   if (o.streams > 0) args.insert(args.end(), {"--streams", std::to_string(o.streams)});
   if (o.slice_bytes > 0) args.insert(args.end(), {"--slice", std::to_string(o.slice_bytes)});
-  if (o.busy_poll_us >= 0) args.insert(args.end(), {"--busy-poll-us", std::to_string(o.busy_poll_us)});
-  if (o.wait_spin_us >= 0) args.insert(args.end(), {"--wait-spin-us", std::to_string(o.wait_spin_us)});
+  if (o.busy_poll_us >= 0)
+    args.insert(args.end(), {"--busy-poll-us", std::to_string(o.busy_poll_us)});
+  if (o.wait_spin_us >= 0)
+    args.insert(args.end(), {"--wait-spin-us", std::to_string(o.wait_spin_us)});
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
@@ -363,7 +381,8 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   int rc = posix_spawn(&pid, self.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
-  if (rc != 0) throw Error(ErrorCode::kSystem, std::string("posix_spawn ") + self + ": " + std::strerror(rc));
+  if (rc != 0)
+    throw Error(ErrorCode::kSystem, std::string("posix_spawn ") + self + ": " + std::strerror(rc));
   std::string line;
   char c;
   while (read(out[0], &c, 1) == 1 && c != '\n') line += c;

@@ -24,8 +24,8 @@ std::string self_path(const char* argv0) {
 int run_info() {
   std::cout << "ferry " << ferry::Engine::version() << "\n\ntransports:\n";
   for (const auto& t : ferry::Engine::transports()) {
-    std::cout << "  " << ferry::to_string(t.kind) << (t.usable ? "  usable   " : "  unusable ") << t.detail
-              << "\n";
+    std::cout << "  " << ferry::to_string(t.kind) << (t.usable ? "  usable   " : "  unusable ")
+              << t.detail << "\n";
   }
   std::cout << "\nnetwork interfaces (tcp):\n";
   ifaddrs* list = nullptr;
@@ -36,8 +36,10 @@ int run_info() {
       if (family != AF_INET && family != AF_INET6) continue;
       char host[NI_MAXHOST];
       socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      if (getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) continue;
-      std::cout << "  " << a->ifa_name << "  " << host << ((a->ifa_flags & IFF_UP) ? "" : "  (down)") << "\n";
+      if (getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+        continue;
+      std::cout << "  " << a->ifa_name << "  " << host
+                << ((a->ifa_flags & IFF_UP) ? "" : "  (down)") << "\n";
     }
     freeifaddrs(list);
   }
@@ -47,27 +49,32 @@ int run_info() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"Ferry: peer-to-peer transfer engine"};
   app.require_subcommand(1);
 
   ferry::cli::BenchOptions bench;
-  auto* b = app.add_subcommand("bench", "Two-process transfer benchmark (starts its own target by default)");
-  b->add_option("--listen", bench.listen, "Run as the target, accepting one initiator on HOST:PORT");
+  auto* b = app.add_subcommand("bench",
+                               "Two-process transfer benchmark (starts its own target by default)");
+  b->add_option("--listen", bench.listen,
+                "Run as the target, accepting one initiator on HOST:PORT");
   b->add_option("--connect", bench.connect, "Run as the initiator against a target at HOST:PORT");
   b->add_option("--op", bench.op, "Comma-separated operations: write, read, write_imm, send");
-  b->add_option("--sizes", bench.sizes, "Transfer sizes in bytes (default 4K..64M, x4 steps)")->delimiter(',');
+  b->add_option("--sizes", bench.sizes, "Transfer sizes in bytes (default 4K..64M, x4 steps)")
+      ->delimiter(',');
   b->add_option("--batch", bench.batch, "Entries per operation");
   b->add_option("--concurrency", bench.concurrency, "Operations in flight");
   b->add_option("--transport", bench.transport, "Transport to use (tcp)");
-  b->add_option("--iters", bench.iters, "Operations per size (default: about 512 MiB or at least 20)");
+  b->add_option("--iters", bench.iters,
+                "Operations per size (default: about 512 MiB or at least 20)");
   b->add_flag("--json", bench.json, "One JSON object per result line");
   b->add_option("--secret", bench.secret, "Shared secret for peer authentication");
   b->add_option("--streams", bench.streams, "TCP sockets per peer");
   b->add_option("--slice", bench.slice_bytes, "Slice size in bytes for large transfers");
   b->add_option("--threads", bench.threads, "Progress threads per engine");
   b->add_option("--busy-poll-us", bench.busy_poll_us, "Progress threads spin this long after work");
-  b->add_option("--wait-spin-us", bench.wait_spin_us, "Future::wait spins this long before sleeping");
+  b->add_option("--wait-spin-us", bench.wait_spin_us,
+                "Future::wait spins this long before sleeping");
   b->get_option("--listen")->excludes("--connect");
 
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
@@ -79,6 +86,15 @@ int main(int argc, char** argv) {
   } catch (const ferry::Error& e) {
     std::cerr << "ferry: " << e.what() << std::endl;
     return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ferry: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ferry: " << e.what() << std::endl;
     return 1;

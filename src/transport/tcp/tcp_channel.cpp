@@ -110,7 +110,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
-  void respond(FrameHeader h, Status status, const uint8_t* payload = nullptr,
+  void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
                RegionSlot* lease = nullptr);
   void fail(const Status& reason);
   void stop();
@@ -440,7 +440,7 @@ Status TcpChannel::Stream::flush_locked() {
 // ---------------------------------------------------------------------------------------------
 // Receive side
 
-void TcpChannel::Stream::respond(FrameHeader h, Status status, const uint8_t* payload,
+void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint8_t* payload,
                                  RegionSlot* lease) {
   Response r;
   h.status = static_cast<uint16_t>(status.code());
@@ -563,8 +563,9 @@ Status TcpChannel::Stream::begin_frame() {
       return {};
     }
     default:
-      return {ErrorCode::kProtocol,
-              "unexpected frame type " + std::to_string(static_cast<int>(cur.type)) + " on a data stream"};
+      return {ErrorCode::kProtocol, "unexpected frame type " +
+                                        std::to_string(static_cast<int>(cur.type)) +
+                                        " on a data stream"};
   }
 }
 
@@ -606,7 +607,8 @@ Status TcpChannel::Stream::end_frame() {
       h.op_id = cur.op_id;
       Status st = frame_error;
       if (frame_op != nullptr && cur.length > frame_op->entries[0].length) {
-        st = {ErrorCode::kTruncated, "send tag " + std::to_string(cur.key) + ": receiver buffer of " +
+        st = {ErrorCode::kTruncated, "send tag " + std::to_string(cur.key) +
+                                         ": receiver buffer of " +
                                          std::to_string(frame_op->entries[0].length) + " bytes"};
       }
       // The ack is queued before the receiver can run: anything it sends next goes out after it.
