@@ -223,7 +223,7 @@ OpState* PeerImpl::start_op(OpKind kind) {
   return op;
 }
 
-Future PeerImpl::fail_now(OpState* op, const Status& status) {
+Future PeerImpl::finish_now(OpState* op, const Status& status) {
   op->complete_with(status);
   return Future(op);
 }
@@ -244,7 +244,8 @@ Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, u
 
 Future PeerImpl::post(OpState* op) {
   if (lost.load() || !link->pool->mark_posted(op)) {
-    return fail_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
+    if (op->kind == OpKind::kRecv && link->matcher.take_buffered(op)) return finish_now(op, {});
+    return finish_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
   }
   if (op->kind == OpKind::kRecv) {
     link->matcher.post(op);
@@ -264,8 +265,8 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
   std::size_t i = 0;
   // Messages are built only on failure: the success path allocates nothing.
   auto refuse = [&](ErrorCode code, const std::string& detail) {
-    return fail_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " +
-                                   std::to_string(i) + ": " + detail});
+    return finish_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " +
+                                     std::to_string(i) + ": " + detail});
   };
   for (; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
@@ -305,7 +306,7 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
     slices += transport::slice_count(t.length, op->slice_bytes);
     total += t.length;
   }
-  if (slices == 0) return fail_now(op, {});
+  if (slices == 0) return finish_now(op, {});
 
   // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
   int lanes = channel->lanes();
@@ -334,11 +335,11 @@ Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64
   OpState* op = start_op(OpKind::kSend);
   op->tag = tag;
   if (length > UINT32_MAX) {
-    return fail_now(op, {ErrorCode::kInvalidArgument, "send: messages are limited to 4 GiB - 1"});
+    return finish_now(op, {ErrorCode::kInvalidArgument, "send: messages are limited to 4 GiB - 1"});
   }
   uint8_t* addr = nullptr;
   if (Status s = take_local(op, &local, offset, length, &addr); !s.ok()) {
-    return fail_now(op, {s.code(), "send: " + s.message()});
+    return finish_now(op, {s.code(), "send: " + s.message()});
   }
   op->entries.push_back(OpEntry{addr, length, 0, 0, 0});
   op->slice_bytes = length > 0 ? length : 1;  // one frame per message
@@ -356,7 +357,7 @@ Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64
   op->tag = tag;
   uint8_t* addr = nullptr;
   if (Status s = take_local(op, &local, offset, capacity, &addr); !s.ok()) {
-    return fail_now(op, {s.code(), "recv: " + s.message()});
+    return finish_now(op, {s.code(), "recv: " + s.message()});
   }
   op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0});
   op->pending.store(1);

@@ -68,7 +68,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   friend class EngineImpl;
   struct Control;
   transport::OpState* start_op(transport::OpKind kind);
-  Future fail_now(transport::OpState* op, const Status& status);
+  // Completes an op that was never posted (validation failed, or nothing to do).
+  Future finish_now(transport::OpState* op, const Status& status);
   // Validates a local range and leases its region to the op until completion.
   Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
                     uint8_t** addr);

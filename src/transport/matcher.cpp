@@ -23,19 +23,38 @@ void Matcher::settle(OpState* recv, uint64_t length) {
   }
 }
 
-void Matcher::post(OpState* recv) {
-  std::unique_lock lock(mu_);
+bool Matcher::take_unexpected_locked(uint64_t tag, std::vector<uint8_t>& out) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if (it->tag != recv->tag) continue;
-    Unexpected msg = std::move(*it);
+    if (it->tag != tag) continue;
+    out = std::move(it->data);
     unexpected_.erase(it);
-    unexpected_bytes_ -= msg.data.size();
-    lock.unlock();
-    deliver(recv, msg.data.data(), msg.data.size());
-    recv->finish_posted();
-    return;
+    unexpected_bytes_ -= out.size();
+    return true;
   }
-  posted_.push_back(recv);
+  return false;
+}
+
+bool Matcher::take_buffered(OpState* recv) {
+  std::vector<uint8_t> msg;
+  {
+    std::lock_guard lock(mu_);
+    if (!take_unexpected_locked(recv->tag, msg)) return false;
+  }
+  deliver(recv, msg.data(), msg.size());
+  return true;
+}
+
+void Matcher::post(OpState* recv) {
+  std::vector<uint8_t> msg;
+  {
+    std::lock_guard lock(mu_);
+    if (!take_unexpected_locked(recv->tag, msg)) {
+      posted_.push_back(recv);
+      return;
+    }
+  }
+  deliver(recv, msg.data(), msg.size());
+  recv->finish_posted();
 }
 
 OpState* Matcher::take_posted_locked(uint64_t tag) {

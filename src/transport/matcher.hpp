@@ -18,6 +18,9 @@ class Matcher {
   // A receive (entries[0] = destination and capacity, tag set). If a buffered message matches,
   // it is copied and the op completed here; else the op waits for a message.
   void post(OpState* recv);
+  // Fills the receive from a message buffered earlier, if one has its tag; does not complete
+  // it. Messages that arrived before a peer was lost stay receivable this way.
+  bool take_buffered(OpState* recv);
 
   // A message of `length` bytes with `tag` starts arriving. Either `recv` is a posted receive to
   // fill directly, or `buffer` was sized to hold the message; `error` says it must be refused.
@@ -44,6 +47,7 @@ class Matcher {
     std::vector<uint8_t> data;
   };
   OpState* take_posted_locked(uint64_t tag);
+  bool take_unexpected_locked(uint64_t tag, std::vector<uint8_t>& out);
 
   std::mutex mu_;
   std::deque<OpState*> posted_;

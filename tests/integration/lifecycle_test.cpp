@@ -46,6 +46,24 @@ TEST(Lifecycle, ClosingAPeerFailsItsWorkWithCancelled) {
   EXPECT_EQ(r2.wait(kWait).code(), ErrorCode::kInvalidArgument);
 }
 
+TEST(Lifecycle, MessagesThatArrivedBeforeThePeerLeftStayReceivable) {
+  auto p = std::make_unique<Pair>();
+  std::vector<uint8_t> a(64, 0), b(64, 5);
+  Region la = p->initiator.register_memory(a.data(), a.size(), Access::kLocal);
+  Region lb = p->target.register_memory(b.data(), b.size(), Access::kLocal);
+  ASSERT_TRUE(p->target_peer.send(8, lb, 0, 64).wait(kWait).ok());
+  p->target.shutdown();
+  auto deadline = Clock::now() + kWait;
+  while (p->peer.connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_FALSE(p->peer.connected());
+  Future r = p->peer.recv(8, la, 0, 64);
+  ASSERT_TRUE(r.wait(kWait).ok()) << r.status().to_string();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(p->peer.recv(8, la, 0, 64).wait(kWait).code(), ErrorCode::kPeerLost)
+      << "only one was sent";
+}
+
 TEST(Lifecycle, DeregisterWaitsForOperationsUsingTheRegion) {
   Pair p;
   std::vector<uint8_t> a(32 << 20, 1), b(32 << 20);
