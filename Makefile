@@ -1,7 +1,7 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz check-layers \
-        bench-compare format tidy clean
+.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma \
+        check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
@@ -18,7 +18,7 @@ build: deps
 run: build
 	./build/release/tools/ferry bench
 
-test: deps check-layers test-release tidy test-asan test-tsan test-fuzz
+test: deps check-layers test-release tidy test-rdma test-asan test-tsan test-fuzz
 	@echo "all test suites passed"
 
 test-release: deps
@@ -41,6 +41,16 @@ test-fuzz: deps
 	cmake --build --preset fuzz -j $(JOBS) --target ferry_fuzz_decoders
 	mkdir -p build/fuzz/corpus
 	./build/fuzz/tests/ferry_fuzz_decoders -runs=$(FUZZ_RUNS) -seed=1 -max_len=512 build/fuzz/corpus
+
+# Real ibverbs in a qemu guest with Soft-RoCE (tests/rdma/README.md): the project's binaries
+# plus perftest's self-check, in one boot.
+test-rdma: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+	mkdir -p build/rdma-guest
+	cat tests/rdma/ferry.tests tests/rdma/perftest.tests > build/rdma-guest/suite.tests
+	bash tests/rdma/run-guest.sh --tests build/rdma-guest/suite.tests \
+	  --bin build/release/tools/ferry --bin build/release/tests/ferry_unit_tests
 
 check-layers:
 	@bash scripts/check-layers.sh

@@ -9,6 +9,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libssl-dev           # CLI parsing; HMAC-SHA256 for the handshake
   iperf3 ucx-utils                  # peers measured side by side in bench/compare_tcp.sh
+  libibverbs-dev ibverbs-providers  # verbs transport; rxe provider for the Soft-RoCE guest
+  qemu-system-x86 busybox-static cpio xz-utils zstd   # tests/rdma: qemu guest + initramfs
+  ibverbs-utils perftest iproute2   # tests/rdma: ibv_devinfo, ib_*_bw/lat, `rdma link`
 )
 
 missing=()

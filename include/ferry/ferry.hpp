@@ -202,7 +202,8 @@ struct ImmEvent {
 struct TransportInfo {
   TransportKind kind{};
   bool usable = false;
-  std::string detail;  // why not, or what it found
+  std::string detail;                // why not, or what it found
+  std::vector<std::string> devices;  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
 };
 
 class Engine {

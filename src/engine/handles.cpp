@@ -1,6 +1,7 @@
 // The public handles (Engine, Peer, Region) forward to the engine layer.
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/verbs/devices.hpp"
 
 namespace ferry {
 
@@ -90,11 +91,22 @@ void Engine::shutdown() { impl_->shutdown(); }
 std::string_view Engine::version() { return FERRY_VERSION; }
 
 std::vector<TransportInfo> Engine::transports() {
+  TransportInfo verbs{TransportKind::kVerbs, false, {}, {}};
+  std::string why;
+  if (const auto* api = transport::verbs::VerbsApi::get(&why)) {
+    auto devices = transport::verbs::discover(*api, why);
+    for (const auto& d : devices) {
+      for (const auto& p : d.ports) verbs.devices.push_back(transport::verbs::describe(d, p));
+    }
+    verbs.detail = devices.empty() ? why : "devices found; the verbs data path is not built in yet";
+  } else {
+    verbs.detail = why;
+  }
   return {
-      {TransportKind::kTcp, true, "built in; works on every host"},
-      {TransportKind::kVerbs, false, "not built into this version yet"},
-      {TransportKind::kShm, false, "not built into this version yet"},
-      {TransportKind::kCudaIpc, false, "not built into this version yet"},
+      {TransportKind::kTcp, true, "built in; works on every host", {}},
+      verbs,
+      {TransportKind::kShm, false, "not built into this version yet", {}},
+      {TransportKind::kCudaIpc, false, "not built into this version yet", {}},
   };
 }
 

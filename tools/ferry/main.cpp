@@ -23,9 +23,11 @@ std::string self_path(const char* argv0) {
 
 int run_info() {
   std::cout << "ferry " << ferry::Engine::version() << "\n\ntransports:\n";
+  std::vector<std::string> rdma_devices;
   for (const auto& t : ferry::Engine::transports()) {
     std::cout << "  " << ferry::to_string(t.kind) << (t.usable ? "  usable   " : "  unusable ")
               << t.detail << "\n";
+    if (t.kind == ferry::TransportKind::kVerbs) rdma_devices = t.devices;
   }
   std::cout << "\nnetwork interfaces (tcp):\n";
   ifaddrs* list = nullptr;
@@ -43,7 +45,8 @@ int run_info() {
     }
     freeifaddrs(list);
   }
-  std::cout << "\nrdma devices: none (the verbs transport is not built into this version)\n";
+  std::cout << "\nrdma devices:" << (rdma_devices.empty() ? " none" : "") << "\n";
+  for (const auto& d : rdma_devices) std::cout << "  " << d << "\n";
   return 0;
 }
 
