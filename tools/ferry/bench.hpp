@@ -20,8 +20,9 @@ struct BenchOptions {
   int iters = 0;  // 0: chosen per size
   bool json = false;
   std::string secret;
-  int streams = 0;           // 0: engine default
-  uint64_t slice_bytes = 0;  // 0: engine default
+  int streams = 0;            // 0: engine default
+  uint64_t slice_bytes = 0;   // 0: engine default
+  uint64_t stripe_bytes = 0;  // 0: engine default
   int threads = 1;
   int busy_poll_us = -1;  // -1: engine default
   int wait_spin_us = -1;

@@ -74,6 +74,8 @@ int run(int argc, char** argv) {
   b->add_option("--secret", bench.secret, "Shared secret for peer authentication");
   b->add_option("--streams", bench.streams, "TCP sockets per peer");
   b->add_option("--slice", bench.slice_bytes, "Slice size in bytes for large transfers");
+  b->add_option("--stripe", bench.stripe_bytes,
+                "Operations above this many bytes use every socket");
   b->add_option("--threads", bench.threads, "Progress threads per engine");
   b->add_option("--busy-poll-us", bench.busy_poll_us, "Progress threads spin this long after work");
   b->add_option("--wait-spin-us", bench.wait_spin_us,
