@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma \
+.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma bench-rdma \
         check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -49,8 +49,17 @@ test-rdma: deps
 	cmake --build --preset release -j $(JOBS)
 	mkdir -p build/rdma-guest
 	cat tests/rdma/ferry.tests tests/rdma/perftest.tests > build/rdma-guest/suite.tests
-	bash tests/rdma/run-guest.sh --tests build/rdma-guest/suite.tests \
-	  --bin build/release/tools/ferry --bin build/release/tests/ferry_unit_tests
+	bash tests/rdma/run-guest.sh --tests build/rdma-guest/suite.tests --timeout 900 \
+	  --bin build/release/tools/ferry --bin build/release/tests/ferry_unit_tests \
+	  --bin build/release/tests/ferry_verbs_tests --bin build/release/tests/ferry_integration_tests \
+	  --bin build/release/tests/ferry_test_target
+
+# Ferry over verbs against perftest, in one guest run; prints ratios.
+bench-rdma: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+	bash tests/rdma/run-guest.sh --tests tests/rdma/bench.tests --timeout 900 --bin build/release/tools/ferry
+	python3 tests/rdma/ratios.py build/rdma-guest/last-run.log
 
 check-layers:
 	@bash scripts/check-layers.sh

@@ -37,12 +37,26 @@ class PeerImpl;
 using Clock = std::chrono::steady_clock;
 using Duration = std::chrono::nanoseconds;
 
+// Verbs first where a device is usable, then TCP.
+inline std::vector<TransportKind> default_transports() {
+  std::vector<TransportKind> t;
+  t.push_back(TransportKind::kVerbs);
+  t.push_back(TransportKind::kTcp);
+  return t;
+}
+
 struct Config {
   // Address and port to accept peers on; port 0 picks a free one (see Engine::address()).
   std::string listen_host = "0.0.0.0";
   uint16_t listen_port = 0;
-  // Transports this engine may use, best first among those both sides offer.
-  std::vector<TransportKind> transports = {TransportKind::kTcp};
+  // Transports this engine may use, best first among those both sides offer. TCP is always
+  // needed: it carries the control connection and two-sided messages, and is the fallback.
+  std::vector<TransportKind> transports = default_transports();
+  // Verbs: device name (empty: the first with an active port; an unknown name is an error),
+  // GID index (-1: the routable RoCE v2 GID), and queue pairs per peer.
+  std::string rdma_device;
+  int rdma_gid_index = -1;
+  int verbs_qps = 2;
   // Threads that drive sockets and completions.
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).

@@ -28,7 +28,7 @@ uint32_t payload_length(const FrameHeader& h) {
 Status decode_header(const uint8_t* in, FrameHeader& out) {
   FrameHeader h;
   uint8_t type = in[0];
-  bool known = (type >= 1 && type <= 10) || (type >= 16 && type <= 21);
+  bool known = (type >= 1 && type <= 11) || (type >= 16 && type <= 21);
   if (!known) return {ErrorCode::kProtocol, "frame: unknown type " + std::to_string(type)};
   h.type = static_cast<FrameType>(type);
   h.flags = in[1];

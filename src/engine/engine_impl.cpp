@@ -208,11 +208,25 @@ void PeerImpl::close(const Status& reason) {
   if (lost.exchange(true)) return;
   // The channel first: its close reason is what in-flight operations report, and the goodbye
   // below makes the remote side drop our streams, which must not be mistaken for a loss.
+  if (verbs) verbs->close(reason);
   if (channel) channel->close(reason);
   if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
   ::shutdown(control_->fd.get(), SHUT_RDWR);
   std::shared_ptr<Control> control = control_;
   engine->reactor().post(control->loop, [control] { control->stop(control); });
+}
+
+void PeerImpl::channel_closed(const Status& reason) {
+  // Marks the peer lost first, so a caller woken by a failure already sees connected() false.
+  close(reason);
+  if (open_channels.fetch_sub(1) != 1) return;
+  link->fail_all(reason);
+  engine->peer_closed(this);
+}
+
+transport::Channel& PeerImpl::data_channel() const {
+  if (verbs) return *verbs;
+  return *channel;
 }
 
 OpState* PeerImpl::start_op(OpKind kind) {
@@ -229,7 +243,7 @@ Future PeerImpl::finish_now(OpState* op, const Status& status) {
 }
 
 Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                            uint8_t** addr) {
+                            uint8_t** addr, uint32_t* region_id) {
   if (local == nullptr || !local->valid()) return {ErrorCode::kInvalidArgument, "no local region"};
   const RegionRecord& rec = *local->record_;
   if (rec.engine.get() != engine.get()) {
@@ -239,6 +253,7 @@ Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, u
   Status s = engine->regions().acquire(rec.id, rec.key, offset, length, Access::kLocal, addr, use);
   if (!s.ok()) return {s.code(), "local " + s.message()};
   op->leases.push_back(use.detach());
+  if (region_id != nullptr) *region_id = rec.id;
   return {};
 }
 
@@ -249,8 +264,10 @@ Future PeerImpl::post(OpState* op) {
   }
   if (op->kind == OpKind::kRecv) {
     link->matcher.post(op);
-  } else {
+  } else if (op->kind == OpKind::kSend) {
     channel->post(op);
+  } else {
+    data_channel().post(op);
   }
   return Future(op);
 }
@@ -292,24 +309,30 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
                                                  " exceeds region length " +
                                                  std::to_string(remote->length));
     }
-    const Descriptor::Key* key = remote->key_for(TransportKind::kTcp);
-    if (key == nullptr || key->length != 8)
-      return refuse(ErrorCode::kUnsupported, "descriptor has no tcp key");
+    TransportKind via = verbs ? TransportKind::kVerbs : TransportKind::kTcp;
+    const Descriptor::Key* key = remote->key_for(via);
+    if (key == nullptr || key->length > sizeof(uint64_t)) {
+      return refuse(ErrorCode::kUnsupported,
+                    "descriptor has no " + std::string(to_string(via)) + " key");
+    }
     uint8_t* local = nullptr;
-    if (Status s = take_local(op, t.local, t.local_offset, t.length, &local); !s.ok()) {
+    uint32_t local_region = 0;
+    if (Status s = take_local(op, t.local, t.local_offset, t.length, &local, &local_region);
+        !s.ok()) {
       return refuse(s.code(), s.message());
     }
     if (t.length == 0) continue;
     uint64_t remote_key = 0;
-    std::memcpy(&remote_key, key->bytes, 8);
-    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset});
+    std::memcpy(&remote_key, key->bytes, key->length);
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset,
+                                  local_region, remote->address + t.remote_offset});
     slices += transport::slice_count(t.length, op->slice_bytes);
     total += t.length;
   }
   if (slices == 0) return finish_now(op, {});
 
   // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
-  int lanes = channel->lanes();
+  int lanes = data_channel().lanes();
   if (total > engine->config.stripe_threshold && lanes > 1) {
     op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
     op->first_lane = 0;
@@ -399,6 +422,18 @@ EngineImpl::EngineImpl(const Config& cfg)
       id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
       incarnation(nonzero_random()) {
   transports_.push_back(std::make_unique<transport::tcp::TcpTransport>());
+  if (std::find(config.transports.begin(), config.transports.end(), TransportKind::kVerbs) !=
+      config.transports.end()) {
+    transport::verbs::VerbsOptions vo{config.rdma_device, config.rdma_gid_index, config.verbs_qps};
+    auto dev = transport::verbs::VerbsDevice::open(vo, verbs_unusable_);
+    if (dev) {
+      verbs_ = dev.get();
+      transports_.push_back(std::move(dev));
+    } else if (!config.rdma_device.empty() || config.rdma_gid_index >= 0) {
+      // Asked for by name or index: never fall back silently.
+      throw Error(ErrorCode::kUnsupported, "verbs: " + verbs_unusable_);
+    }
+  }
   reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
   core::HostPort where{config.listen_host, config.listen_port};
   core::throw_if_error(core::listen_tcp(where, listener_, port));
@@ -480,7 +515,8 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
   for (auto& t : transports_) {
     Descriptor::Key& key = d.keys[d.key_count];
     key.transport = t->kind();
-    Status s = t->register_region(rec->id, rec->base, length, rec->key, key.bytes, key.length);
+    Status s =
+        t->register_region(rec->id, rec->base, length, access, rec->key, key.bytes, key.length);
     if (!s.ok()) {
       deregister(*rec);
       throw Error(s);
@@ -503,14 +539,51 @@ std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
   options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
   std::weak_ptr<PeerImpl> weak = peer;
   std::weak_ptr<EngineImpl> weak_engine = weak_from_this();
-  return transport::tcp::TcpChannel::create(*this, peer->link, options,
-                                            [weak, weak_engine](const Status& why) {
-                                              auto p = weak.lock();
-                                              if (!p) return;
-                                              p->close(why);
-                                              if (auto e = weak_engine.lock())
-                                                e->peer_closed(p.get());
-                                            });
+  peer->open_channels.fetch_add(1);
+  return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak](const Status& why) {
+    if (auto p = weak.lock()) p->channel_closed(why);
+  });
+}
+
+std::vector<TransportKind> EngineImpl::usable_transports() const {
+  std::vector<TransportKind> out;
+  for (TransportKind t : config.transports) {
+    if (t == TransportKind::kTcp || (t == TransportKind::kVerbs && verbs_ != nullptr))
+      out.push_back(t);
+  }
+  return out;
+}
+
+Status EngineImpl::connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control, bool client,
+                                 core::Deadline deadline) {
+  if (verbs_ == nullptr) return {ErrorCode::kUnsupported, "verbs chosen but no device is open"};
+  std::weak_ptr<PeerImpl> weak = peer;
+  peer->open_channels.fetch_add(1);
+  peer->verbs = transport::verbs::VerbsChannel::create(*this, *verbs_, peer->link, config.verbs_qps,
+                                                       [weak](const Status& why) {
+                                                         if (auto p = weak.lock())
+                                                           p->channel_closed(why);
+                                                       });
+  auto send_address = [&] {
+    std::vector<uint8_t> body = peer->verbs->local_address().encode();
+    std::vector<uint8_t> frame(core::kFrameHeaderSize);
+    FrameHeader h;
+    h.type = FrameType::kVerbsAddress;
+    h.length = static_cast<uint32_t>(body.size());
+    core::encode_header(h, frame.data());
+    frame.insert(frame.end(), body.begin(), body.end());
+    return write_frame(control, frame, deadline);
+  };
+  if (client) {
+    if (Status s = send_address(); !s.ok()) return s;
+  }
+  std::vector<uint8_t> body;
+  if (Status s = expect(control, deadline, FrameType::kVerbsAddress, body); !s.ok()) return s;
+  transport::verbs::VerbsAddress remote;
+  if (Status s = transport::verbs::VerbsAddress::decode(body, remote); !s.ok()) return s;
+  if (Status s = peer->verbs->connect(remote); !s.ok()) return s;
+  if (!client) return send_address();
+  return {};
 }
 
 void EngineImpl::peer_closed(PeerImpl* peer) {
@@ -534,7 +607,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
   engine::Hello hello;
   hello.engine_id = id;
   hello.incarnation = incarnation;
-  hello.transports = config.transports;
+  hello.transports = usable_transports();
   core::random_bytes(hello.nonce);
   hello.wants_auth = !config.secret.empty();
   core::throw_if_error(write_frame(fd.get(), engine::encode(hello), deadline));
@@ -562,9 +635,16 @@ Peer EngineImpl::connect(std::string_view host_port) {
   engine::Hello remote;
   remote.engine_id = ack.engine_id;
   remote.incarnation = ack.incarnation;
+  int control = fd.get();
   auto peer = std::make_shared<PeerImpl>(shared_from_this(), remote, where.to_string(),
                                          ack.transport, std::move(fd));
   peer->channel = make_channel(peer, ack.streams);
+  if (ack.transport == TransportKind::kVerbs) {
+    if (Status s = connect_verbs(peer, control, true, deadline); !s.ok()) {
+      peer->close(s);
+      throw Error(s.code(), "connect " + where.to_string() + ": " + s.message());
+    }
+  }
   for (int i = 0; i < ack.streams; ++i) {
     core::Fd sfd;
     Status s = core::connect_tcp(where, deadline, sfd);
@@ -645,15 +725,23 @@ Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body,
                                core::Deadline deadline) {
   engine::Hello hello;
   if (Status s = engine::decode(body, hello); !s.ok()) return s;
-  bool offers_tcp = std::find(hello.transports.begin(), hello.transports.end(),
-                              TransportKind::kTcp) != hello.transports.end();
-  if (!offers_tcp)
-    return {ErrorCode::kUnsupported, "no transport in common (this engine offers tcp)"};
+  auto offered = [&](TransportKind t) {
+    return std::find(hello.transports.begin(), hello.transports.end(), t) != hello.transports.end();
+  };
+  // TCP carries the control connection and messages, so both sides must have it.
+  if (!offered(TransportKind::kTcp)) return {ErrorCode::kUnsupported, "peer does not offer tcp"};
+  TransportKind chosen = TransportKind::kTcp;
+  for (TransportKind t : usable_transports()) {
+    if (offered(t)) {
+      chosen = t;
+      break;
+    }
+  }
 
   engine::HelloAck ack;
   ack.engine_id = id;
   ack.incarnation = incarnation;
-  ack.transport = TransportKind::kTcp;
+  ack.transport = chosen;
   ack.streams = static_cast<uint8_t>(config.tcp_streams);
   core::random_bytes(ack.nonce);
   core::random_bytes(ack.token);
@@ -678,9 +766,15 @@ Status EngineImpl::serve_hello(core::Fd& fd, std::span<const uint8_t> body,
     }
   }
   std::string address = core::peer_name(fd.get());
-  auto peer = std::make_shared<PeerImpl>(shared_from_this(), hello, address, TransportKind::kTcp,
-                                         std::move(fd));
+  int control = fd.get();
+  auto peer = std::make_shared<PeerImpl>(shared_from_this(), hello, address, chosen, std::move(fd));
   peer->channel = make_channel(peer, config.tcp_streams);
+  if (chosen == TransportKind::kVerbs) {
+    if (Status s = connect_verbs(peer, control, false, deadline); !s.ok()) {
+      peer->close(s);
+      return s;
+    }
+  }
   std::lock_guard lock(mu_);
   joining_.push_back({ack.token, Joining{peer, 0, config.tcp_streams, deadline}});
   return {};
@@ -762,12 +856,16 @@ void EngineImpl::shutdown() {
   // Let the progress threads stop the streams, which fails what was in flight.
   auto deadline = Clock::now() + std::chrono::seconds(2);
   for (auto& p : all) {
-    while (!p->channel->fully_closed() && Clock::now() < deadline) {
+    while ((!p->channel->fully_closed() || (p->verbs && !p->verbs->fully_closed())) &&
+           Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
   reactor_->stop();
-  for (auto& p : all) p->channel->stop_after_reactor();
+  for (auto& p : all) {
+    if (p->verbs) p->verbs->stop_after_reactor();
+    p->channel->stop_after_reactor();
+  }
   {
     std::lock_guard lock(mu_);
     peers_.clear();

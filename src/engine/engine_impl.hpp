@@ -23,6 +23,8 @@
 #include "transport/contract.hpp"
 #include "transport/tcp/tcp_channel.hpp"
 #include "transport/tcp/tcp_transport.hpp"
+#include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_device.hpp"
 
 namespace ferry::detail {
 
@@ -50,6 +52,10 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
   Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
   void close(const Status& reason);
+  // A channel finished closing; when the last one did, every op still posted fails.
+  void channel_closed(const Status& reason);
+  // The channel one-sided operations use: verbs when chosen, else TCP.
+  transport::Channel& data_channel() const;
 
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();
@@ -61,8 +67,10 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const TransportKind transport;
   std::shared_ptr<EngineImpl> engine;
   std::shared_ptr<transport::PeerLink> link;
-  std::shared_ptr<transport::tcp::TcpChannel> channel;
+  std::shared_ptr<transport::tcp::TcpChannel> channel;    // control-adjacent streams, send/recv
+  std::shared_ptr<transport::verbs::VerbsChannel> verbs;  // one-sided ops, when chosen
   std::atomic<bool> lost{false};
+  std::atomic<int> open_channels{0};
 
  private:
   friend class EngineImpl;
@@ -72,7 +80,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future finish_now(transport::OpState* op, const Status& status);
   // Validates a local range and leases its region to the op until completion.
   Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                    uint8_t** addr);
+                    uint8_t** addr, uint32_t* region_id = nullptr);
   Future post(transport::OpState* op);
 
   std::shared_ptr<Control> control_;
@@ -102,6 +110,12 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void peer_closed(PeerImpl* peer);
   std::shared_ptr<transport::tcp::TcpChannel> make_channel(const std::shared_ptr<PeerImpl>& peer,
                                                            int streams);
+  // Creates the peer's verbs channel and connects it, exchanging addresses on `control`
+  // (the client sends first).
+  Status connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control, bool client,
+                       core::Deadline deadline);
+  // Transports this engine can use now, in preference order.
+  std::vector<TransportKind> usable_transports() const;
 
   const Config config;
   const uint64_t id;
@@ -118,6 +132,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
 
   transport::RegionTable regions_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;  // registration keys
+  transport::verbs::VerbsDevice* verbs_ = nullptr;                 // owned by transports_
+  std::string verbs_unusable_;                                     // why verbs_ is null
   std::unique_ptr<core::Reactor> reactor_;
   core::Fd listener_;
   core::Fd stop_event_;  // eventfd that wakes the acceptor

@@ -1,4 +1,6 @@
 // The public handles (Engine, Peer, Region) forward to the engine layer.
+#include <algorithm>
+
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/verbs/devices.hpp"
@@ -98,7 +100,14 @@ std::vector<TransportInfo> Engine::transports() {
     for (const auto& d : devices) {
       for (const auto& p : d.ports) verbs.devices.push_back(transport::verbs::describe(d, p));
     }
-    verbs.detail = devices.empty() ? why : "devices found; the verbs data path is not built in yet";
+    verbs.usable = std::any_of(devices.begin(), devices.end(), [](const auto& d) {
+      return std::any_of(d.ports.begin(), d.ports.end(),
+                         [](const auto& p) { return p.active && p.chosen_gid >= 0; });
+    });
+    verbs.detail = devices.empty() ? why
+                   : verbs.usable
+                       ? "RC queue pairs: write, read, write_with_imm (send/recv over tcp)"
+                       : "no device has an active port with a usable gid";
   } else {
     verbs.detail = why;
   }

@@ -41,6 +41,17 @@ struct PeerLink {
   uint64_t remote_engine_id;
   std::shared_ptr<OpPool> pool;
   Matcher matcher;
+
+  // Fails every posted op and receive with `reason`; call only when no channel of the peer
+  // can touch user memory any more.
+  void fail_all(const Status& reason) {
+    matcher.take_posted();
+    for (OpState* op : pool->close_and_collect()) {
+      op->record_error(reason);
+      op->finish_posted();
+      op->release();
+    }
+  }
 };
 
 enum Capability : uint32_t {
@@ -63,8 +74,9 @@ class Channel {
   // Posts a planned operation (see engine/planner.hpp); the op is already marked posted. On a
   // closing channel nothing is sent and the closing path fails the op.
   virtual PostResult post(OpState* op) = 0;
-  // Closes the connection: every posted op fails with `reason`. Asynchronous and idempotent;
-  // `on_closed` (given at creation) runs once when nothing touches user memory any more.
+  // Closes the connection. Asynchronous and idempotent; `on_closed` (given at creation) runs
+  // once when nothing in this channel touches user memory any more. The owner then fails
+  // every op still posted (PeerLink::fail_all), after all of the peer's channels closed.
   virtual void close(const Status& reason) = 0;
   virtual bool closed() const = 0;
 };
@@ -77,7 +89,9 @@ class Transport {
   virtual TransportKind kind() const = 0;
   virtual uint32_t capabilities() const = 0;
   // Writes this transport's key for a region into `key` (bytes and length).
-  virtual Status register_region(uint32_t region_id, uint8_t* base, uint64_t length,
+  // `access` is what the owner granted peers; a transport that checks remote access in
+  // hardware (verbs) must register exactly that.
+  virtual Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
                                  uint64_t table_key, std::span<uint8_t> key,
                                  uint8_t& key_length) = 0;
   virtual void deregister_region(uint32_t region_id) = 0;

@@ -29,8 +29,10 @@ struct OpEntry {
   uint8_t* local = nullptr;
   uint64_t length = 0;
   uint32_t remote_region = 0;
-  uint64_t remote_key = 0;
+  uint64_t remote_key = 0;  // the chosen transport's key: TCP region key, or verbs rkey
   uint64_t remote_offset = 0;
+  uint32_t local_region = 0;  // for transports that need a local key (verbs lkey)
+  uint64_t remote_addr = 0;   // descriptor address + remote_offset, for RDMA
 };
 
 // Where a stream (lane) stands in an operation: the next slice it sends.

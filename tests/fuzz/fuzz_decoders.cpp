@@ -1,6 +1,7 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
-// frame headers, handshake bodies and descriptors (binary and text). The first input byte
-// picks the decoder. Decoders must reject bad input with an error, never crash or over-read.
+// frame headers, handshake bodies, verbs queue-pair addresses and descriptors (binary, text). The
+// first input byte picks the decoder. Decoders must reject bad input with an error, never crash or
+// over-read.
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -9,11 +10,12 @@
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/verbs/verbs_channel.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 8) {
+  switch (data[0] % 9) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -53,6 +55,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       } catch (const ferry::Error&) {
       }
       break;
+    case 8: {
+      ferry::transport::verbs::VerbsAddress a;
+      if (ferry::transport::verbs::VerbsAddress::decode(body, a).ok()) {
+        if (a.encode() != std::vector<uint8_t>(body.begin(), body.end())) __builtin_trap();
+      }
+      break;
+    }
     case 7:
       try {
         (void)ferry::Descriptor::parse(

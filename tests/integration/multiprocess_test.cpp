@@ -144,7 +144,11 @@ TEST(MultiProcess, KilledTargetFailsInFlightOperationsWithinTheTimeout) {
     else
       EXPECT_TRUE(s.ok()) << s.to_string();
   }
-  EXPECT_GT(lost, 0);
+  if (peer.transport() == TransportKind::kTcp) {
+    // Over RDMA (the Soft-RoCE guest) the kernel finishes the DMA already in flight before the
+    // killed process is gone, so there every operation may succeed; none may hang.
+    EXPECT_GT(lost, 0);
+  }
   EXPECT_LT(Clock::now() - start, c.peer_timeout + std::chrono::seconds(2));
   EXPECT_EQ(peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost);
   EXPECT_FALSE(peer.connected());

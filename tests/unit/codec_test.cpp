@@ -77,7 +77,7 @@ TEST(FrameHeader, RejectsMalformedHeaders) {
   auto same = [](FrameHeader&) {};
   EXPECT_TRUE(decode_modified(same).ok());
   EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);   // type 0
-  EXPECT_EQ(decode_modified(same, 0, 11).code(), ErrorCode::kProtocol);  // gap in types
+  EXPECT_EQ(decode_modified(same, 0, 12).code(), ErrorCode::kProtocol);  // gap in types
   EXPECT_EQ(decode_modified(same, 0, 200).code(), ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = core::kFlagImm; }).code(),
             ErrorCode::kProtocol);

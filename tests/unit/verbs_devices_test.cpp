@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/verbs/devices.hpp"
+#include "transport/verbs/verbs_channel.hpp"
 
 namespace ferry::transport::verbs {
 namespace {
@@ -43,6 +44,42 @@ TEST(VerbsApi, UnavailableIsExplained) {
   if (devices.empty()) {
     EXPECT_FALSE(why.empty()) << "no devices and no reason";
   }
+}
+
+}  // namespace
+}  // namespace ferry::transport::verbs
+
+namespace ferry::transport::verbs {
+namespace {
+
+TEST(VerbsAddress, RoundTripsAndRejectsDamage) {
+  VerbsAddress a;
+  a.gid[15] = 7;
+  a.lid = 3;
+  a.mtu = IBV_MTU_4096;
+  a.psn = 0x123456;
+  a.qpns = {17, 0xffffff};
+  std::vector<uint8_t> bytes = a.encode();
+  VerbsAddress b;
+  ASSERT_TRUE(VerbsAddress::decode(bytes, b).ok());
+  EXPECT_EQ(b.qpns, a.qpns);
+  EXPECT_EQ(b.psn, a.psn);
+  EXPECT_EQ(b.gid[15], 7);
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_EQ(VerbsAddress::decode({bytes.data(), cut}, b).code(), ErrorCode::kProtocol) << cut;
+  }
+  auto trailing = bytes;
+  trailing.push_back(0);
+  EXPECT_EQ(VerbsAddress::decode(trailing, b).code(), ErrorCode::kProtocol);
+  auto bad_mtu = bytes;
+  bad_mtu[18] = 9;
+  EXPECT_EQ(VerbsAddress::decode(bad_mtu, b).code(), ErrorCode::kProtocol);
+  VerbsAddress wide = a;
+  wide.qpns[0] = 0x1000000;  // queue pair numbers are 24-bit
+  EXPECT_EQ(VerbsAddress::decode(wide.encode(), b).code(), ErrorCode::kProtocol);
+  VerbsAddress none = a;
+  none.qpns.clear();
+  EXPECT_EQ(VerbsAddress::decode(none.encode(), b).code(), ErrorCode::kProtocol);
 }
 
 }  // namespace

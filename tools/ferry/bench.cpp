@@ -99,9 +99,11 @@ Config engine_config(const BenchOptions& o, const std::string& listen) {
   } else {
     c.listen_host = "127.0.0.1";
   }
-  if (o.transport != "tcp") {
-    throw Error(ErrorCode::kUnsupported,
-                "transport '" + o.transport + "' is not available here (tcp is)");
+  if (o.transport == "tcp") {
+    c.transports = {TransportKind::kTcp};
+  } else if (o.transport != "verbs" && o.transport != "auto") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--transport: '" + o.transport + "' is not one of auto, tcp, verbs");
   }
   c.secret = o.secret;
   c.progress_threads = o.threads;
@@ -340,6 +342,10 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
 
   Engine engine(engine_config(o, ""));
   Peer peer = engine.connect(address);
+  if (o.transport == "verbs" && peer.transport() != TransportKind::kVerbs) {
+    throw Error(ErrorCode::kUnsupported,
+                "verbs is not available between these peers (see ferry info)");
+  }
   Mailbox mail(engine);
   mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
   Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
@@ -356,7 +362,8 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");
   }
   for (const auto& op : ops) {
-    for (uint64_t size : sizes) print_row(ini.run(op, size), o.json, o.transport);
+    for (uint64_t size : sizes)
+      print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
   }
   mail.send(peer, kTagSetup, "done");
   std::istringstream report(mail.recv(peer, kTagReport));

@@ -16,8 +16,8 @@ struct BenchOptions {
   std::vector<uint64_t> sizes;  // empty: 4 KiB .. 64 MiB in x4 steps
   int batch = 1;
   int concurrency = 1;
-  std::string transport = "tcp";
-  int iters = 0;  // 0: chosen per size
+  std::string transport = "auto";  // auto (best present), tcp, verbs
+  int iters = 0;                   // 0: chosen per size
   bool json = false;
   std::string secret;
   int streams = 0;            // 0: engine default

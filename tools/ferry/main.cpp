@@ -67,7 +67,7 @@ int run(int argc, char** argv) {
       ->delimiter(',');
   b->add_option("--batch", bench.batch, "Entries per operation");
   b->add_option("--concurrency", bench.concurrency, "Operations in flight");
-  b->add_option("--transport", bench.transport, "Transport to use (tcp)");
+  b->add_option("--transport", bench.transport, "Transport: auto (best present), tcp or verbs");
   b->add_option("--iters", bench.iters,
                 "Operations per size (default: about 512 MiB or at least 20)");
   b->add_flag("--json", bench.json, "One JSON object per result line");

@@ -211,21 +211,13 @@ void TcpChannel::stop_after_reactor() {
 
 void TcpChannel::stream_stopped() {
   if (live_streams_.fetch_sub(1) != 1 || !closing_.load()) return;
-  // Nothing receives into or sends from user memory any more: fail what is left.
+  // Nothing receives into or sends from user memory any more.
   Status reason;
   {
     std::lock_guard lock(close_mu_);
     reason = close_reason_;
   }
-  // The peer is marked lost before any future completes, so a caller woken by a failure
-  // already sees connected() == false.
   if (on_closed_) on_closed_(reason);
-  link_->matcher.take_posted();
-  for (OpState* op : link_->pool->close_and_collect()) {
-    op->record_error(reason);
-    op->finish_posted();
-    op->release();
-  }
 }
 
 void TcpChannel::imm_frame_failed(uint64_t op_id) {

@@ -11,8 +11,8 @@ class TcpTransport final : public Transport {
  public:
   TransportKind kind() const override { return TransportKind::kTcp; }
   uint32_t capabilities() const override { return kCapCrossHost; }
-  Status register_region(uint32_t, uint8_t*, uint64_t, uint64_t table_key, std::span<uint8_t> key,
-                         uint8_t& key_length) override {
+  Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
+                         std::span<uint8_t> key, uint8_t& key_length) override {
     std::memcpy(key.data(), &table_key, sizeof table_key);
     key_length = sizeof table_key;
     return {};

@@ -1,0 +1,539 @@
+#include "transport/verbs/verbs_channel.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "core/bytes.hpp"
+#include "core/crypto.hpp"
+
+namespace ferry::transport::verbs {
+
+namespace {
+// Send queue depth per queue pair: enough to keep a 1 MiB-sliced stream busy while completions
+// come back; capped by the device.
+constexpr int kSendDepth = 256;
+// Receives kept posted per queue pair for WRITE_WITH_IMM notifications.
+constexpr int kRecvDepth = 64;
+// Work requests chained into one ibv_post_send (one doorbell); the last one is signaled, so this
+// is also the longest run of unsignaled requests. Chains of 16-32 reached line rate in the
+// anchors' measurements (shared/field-notes.md).
+constexpr int kMaxChain = 32;
+// Writes up to this size travel inline in the work request, if the device allows.
+constexpr uint32_t kWantedInline = 64;
+constexpr int kMaxReadsInFlight = 16;
+constexpr int kPollBatch = 32;
+
+enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrRecv = 3 };
+uint64_t wr_id(WrKind kind, int lane) {
+  return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(lane) << 48);
+}
+WrKind kind_of(uint64_t id) { return static_cast<WrKind>(id >> 56); }
+int lane_of(uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
+
+std::string modify_error(const char* step, int rc) {
+  return std::string("ibv_modify_qp ") + step + ": " + std::strerror(rc);
+}
+}  // namespace
+
+struct VerbsChannel::Lane {
+  struct Signaled {
+    OpState* op = nullptr;
+    uint32_t slices = 0;  // op slices this completion accounts for
+    uint32_t wrs = 0;     // send-queue slots it frees
+    bool imm = false;     // the trailing WRITE_WITH_IMM of an op
+  };
+  ibv_qp* qp = nullptr;
+  std::mutex mu;
+  int sq_free = 0;
+  OpState* head = nullptr;  // ops with slices still to post on this lane
+  OpState* tail = nullptr;
+  std::vector<OpState*> imm_pending;  // ops whose notification waits for a free slot
+  core::Ring<Signaled> signaled;      // in posting order; RC completes them in that order
+  bool dead = false;                  // in error or draining: post nothing more
+};
+
+// ---------------------------------------------------------------------------------------------
+// Addressing
+
+std::vector<uint8_t> VerbsAddress::encode() const {
+  // Fixed offsets (not ByteWriter's appends, which trip GCC 12's -Wstringop-overflow here).
+  std::vector<uint8_t> out(sizeof gid + 2 + 1 + 4 + 1 + 4 * qpns.size());
+  uint8_t* p = out.data();
+  std::memcpy(p, gid, sizeof gid);
+  p += sizeof gid;
+  core::store_le(p, lid, 2);
+  p += 2;
+  *p++ = mtu;
+  core::store_le(p, psn, 4);
+  p += 4;
+  *p++ = static_cast<uint8_t>(qpns.size());
+  for (uint32_t q : qpns) {
+    core::store_le(p, q, 4);
+    p += 4;
+  }
+  return out;
+}
+
+Status VerbsAddress::decode(std::span<const uint8_t> bytes, VerbsAddress& out) {
+  core::ByteReader r(bytes);
+  VerbsAddress a;
+  r.bytes(a.gid, sizeof a.gid);
+  a.lid = r.u16();
+  a.mtu = r.u8();
+  a.psn = r.u32();
+  std::size_t n = r.u8();
+  if (r.ok() && (a.mtu < IBV_MTU_256 || a.mtu > IBV_MTU_4096)) {
+    return {ErrorCode::kProtocol, "verbs address: unknown mtu " + std::to_string(a.mtu)};
+  }
+  if (r.ok() && (n == 0 || n > kMaxQps)) {
+    return {ErrorCode::kProtocol, "verbs address: " + std::to_string(n) + " queue pairs"};
+  }
+  for (std::size_t i = 0; i < n && r.ok(); ++i) {
+    uint32_t qpn = r.u32();
+    if (r.ok() && qpn > 0xffffff) {
+      return {ErrorCode::kProtocol, "verbs address: queue pair number over 24 bits"};
+    }
+    a.qpns.push_back(qpn);
+  }
+  if (!r.ok()) return {ErrorCode::kProtocol, "verbs address: truncated"};
+  if (!r.at_end()) return {ErrorCode::kProtocol, "verbs address: trailing bytes"};
+  out = std::move(a);
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up
+
+std::shared_ptr<VerbsChannel> VerbsChannel::create(Host& host, VerbsDevice& device,
+                                                   std::shared_ptr<PeerLink> link, int qps,
+                                                   std::function<void(const Status&)> on_closed) {
+  std::shared_ptr<VerbsChannel> ch(
+      new VerbsChannel(host, device, std::move(link), std::move(on_closed)));
+  if (Status s = ch->init(qps); !s.ok()) throw Error(s);
+  return ch;
+}
+
+VerbsChannel::VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
+                           std::function<void(const Status&)> on_closed)
+    : host_(host),
+      dev_(device),
+      api_(device.api()),
+      link_(std::move(link)),
+      on_closed_(std::move(on_closed)) {}
+
+Status VerbsChannel::init(int qps) {
+  if (qps < 1 || qps > static_cast<int>(VerbsAddress::kMaxQps)) {
+    return {ErrorCode::kInvalidArgument, "verbs_qps must be 1..16"};
+  }
+  int send_depth = std::min(kSendDepth, std::max(dev_.max_qp_wr(), 1));
+  comp_ = api_.create_comp_channel(dev_.context());
+  if (comp_ == nullptr)
+    return {ErrorCode::kSystem, std::string("ibv_create_comp_channel: ") + std::strerror(errno)};
+  cq_size_ = qps * (send_depth + kRecvDepth + 2);
+  cq_ = api_.create_cq(dev_.context(), cq_size_, this, comp_, 0);
+  if (cq_ == nullptr)
+    return {ErrorCode::kSystem, std::string("ibv_create_cq: ") + std::strerror(errno)};
+  psn_ = static_cast<uint32_t>(core::random_u64()) & 0xffffff;
+  for (int i = 0; i < qps; ++i) {
+    auto lane = std::make_unique<Lane>();
+    ibv_qp_init_attr attr{};
+    attr.send_cq = cq_;
+    attr.recv_cq = cq_;
+    attr.cap.max_send_wr = static_cast<uint32_t>(send_depth);
+    attr.cap.max_recv_wr = kRecvDepth + 1;  // + the drain marker
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr.cap.max_inline_data = kWantedInline;
+    attr.qp_type = IBV_QPT_RC;
+    lane->qp = api_.create_qp(dev_.pd(), &attr);
+    if (lane->qp == nullptr) {
+      attr.cap.max_inline_data = 0;  // some devices refuse inline data
+      lane->qp = api_.create_qp(dev_.pd(), &attr);
+    }
+    if (lane->qp == nullptr)
+      return {ErrorCode::kSystem, std::string("ibv_create_qp: ") + std::strerror(errno)};
+    max_inline_ = attr.cap.max_inline_data;
+    lane->sq_free = static_cast<int>(attr.cap.max_send_wr) - 1;  // one slot kept for draining
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = dev_.port();
+    // Queue-pair level; each memory registration narrows it to what its owner granted.
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    int rc = api_.modify_qp(lane->qp, &a,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (rc != 0) return {ErrorCode::kSystem, modify_error("RESET->INIT", rc)};
+    for (int r = 0; r < kRecvDepth; ++r) {
+      ibv_recv_wr wr{};
+      wr.wr_id = wr_id(kWrRecv, i);
+      ibv_recv_wr* bad = nullptr;
+      if (int prc = ibv_post_recv(lane->qp, &wr, &bad); prc != 0) {
+        return {ErrorCode::kSystem, std::string("ibv_post_recv: ") + std::strerror(prc)};
+      }
+    }
+    lanes_.push_back(std::move(lane));
+  }
+  return {};
+}
+
+VerbsChannel::~VerbsChannel() {
+  destroy_queue_pairs();
+  if (cq_ != nullptr) {
+    // ibv_destroy_cq waits until every completion event was acknowledged.
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    unsigned events = 0;
+    while (comp_ != nullptr && registered_ && api_.get_cq_event(comp_, &cq, &ctx) == 0) ++events;
+    if (events > 0) api_.ack_cq_events(cq_, events);
+    api_.destroy_cq(cq_);
+  }
+  if (comp_ != nullptr) api_.destroy_comp_channel(comp_);
+}
+
+VerbsAddress VerbsChannel::local_address() const {
+  VerbsAddress a;
+  std::memcpy(a.gid, dev_.gid().raw, sizeof a.gid);
+  a.mtu = static_cast<uint8_t>(dev_.active_mtu());
+  a.psn = psn_;
+  for (const auto& lane : lanes_) a.qpns.push_back(lane->qp->qp_num);
+  return a;
+}
+
+Status VerbsChannel::connect(const VerbsAddress& remote) {
+  if (remote.qpns.size() != lanes_.size()) {
+    return {ErrorCode::kProtocol, "verbs: peer has " + std::to_string(remote.qpns.size()) +
+                                      " queue pairs, this side " + std::to_string(lanes_.size())};
+  }
+  auto mtu = static_cast<ibv_mtu>(std::min<int>(remote.mtu, dev_.active_mtu()));
+  uint8_t rd = static_cast<uint8_t>(std::min(dev_.max_rd_atomic(), kMaxReadsInFlight));
+  for (std::size_t i = 0; i < lanes_.size(); ++i) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = mtu;
+    a.dest_qp_num = remote.qpns[i];
+    a.rq_psn = remote.psn;
+    a.max_dest_rd_atomic = rd;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, remote.gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(dev_.gid_index());
+    a.ah_attr.grh.hop_limit = 64;  // routable RoCE v2: never 1
+    a.ah_attr.dlid = remote.lid;
+    a.ah_attr.port_num = dev_.port();
+    int rc = api_.modify_qp(lanes_[i]->qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc != 0) return {ErrorCode::kConnectFailed, modify_error("INIT->RTR", rc)};
+    ibv_qp_attr s{};
+    s.qp_state = IBV_QPS_RTS;
+    s.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try
+    s.retry_cnt = 7;  // a silent peer fails after about half a second
+    s.rnr_retry = 7;  // receiver not ready: retry without limit (receives are re-posted at once)
+    s.sq_psn = psn_;
+    s.max_rd_atomic = rd;
+    rc = api_.modify_qp(lanes_[i]->qp, &s,
+                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    if (rc != 0) return {ErrorCode::kConnectFailed, modify_error("RTR->RTS", rc)};
+  }
+  int flags = fcntl(comp_->fd, F_GETFL);
+  fcntl(comp_->fd, F_SETFL, flags | O_NONBLOCK);
+  if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
+    return {ErrorCode::kSystem, std::string("ibv_req_notify_cq: ") + std::strerror(rc)};
+  }
+  loop_ = host_.reactor().pick_loop();
+  keep_alive_ = shared_from_this();
+  if (Status s = host_.reactor().add(loop_, comp_->fd, EPOLLIN, this); !s.ok()) {
+    keep_alive_.reset();
+    return s;
+  }
+  registered_ = true;
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Posting
+
+PostResult VerbsChannel::post(OpState* op) {
+  PostResult result = PostResult::kAccepted;
+  int n = lanes();
+  for (int k = 0; k < op->lane_count; ++k) {
+    int index = (op->first_lane + k) % n;
+    Lane& lane = *lanes_[static_cast<std::size_t>(index)];
+    std::lock_guard lock(lane.mu);
+    if (lane.dead) continue;  // closing: the close path fails the op
+    op->lane_next[k] = nullptr;
+    if (lane.tail == nullptr) {
+      lane.head = lane.tail = op;
+    } else {
+      int tail_lane = (index - lane.tail->first_lane + n) % n;
+      lane.tail->lane_next[tail_lane] = op;
+      lane.tail = op;
+    }
+    pump_locked(lane, index);
+    if (lane.head != nullptr) result = PostResult::kQueued;
+  }
+  return result;
+}
+
+void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
+  if (lane.dead) return;  // closing: the op fails with the channel
+  const OpEntry& e = op->entries.front();
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id(kWrImm, index);
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(op->imm);
+  wr.wr.rdma.remote_addr = e.remote_addr;
+  wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+    fail_post(lane, index, rc);
+    return;
+  }
+  --lane.sq_free;
+  lane.signaled.push_back({op, 1, 1, true});
+}
+
+void VerbsChannel::pump_locked(Lane& lane, int index) {
+  if (lane.dead) return;
+  while (!lane.imm_pending.empty() && lane.sq_free > 0) {
+    OpState* op = lane.imm_pending.back();
+    lane.imm_pending.pop_back();
+    post_imm_locked(lane, index, op);
+    if (lane.dead) return;
+  }
+  ibv_send_wr wrs[kMaxChain];
+  ibv_sge sges[kMaxChain];
+  Lane::Signaled records[kMaxChain];
+  int n = 0, nrec = 0;
+  int budget = std::min(lane.sq_free, kMaxChain);
+  uint32_t run_slices = 0;
+  int lanes_total = lanes();
+  while (n < budget && lane.head != nullptr) {
+    OpState* op = lane.head;
+    int li = (index - op->first_lane + lanes_total) % lanes_total;
+    LaneCursor& c = op->lanes[li];
+    const OpEntry& e = op->entries[c.entry];
+    uint64_t len = std::min<uint64_t>(op->slice_bytes, e.length - c.offset);
+    bool is_write = op->kind == OpKind::kWrite;
+
+    ibv_sge& sge = sges[n];
+    sge.addr = reinterpret_cast<uint64_t>(e.local + c.offset);
+    sge.length = static_cast<uint32_t>(len);
+    sge.lkey = dev_.lkey(e.local_region);
+    ibv_send_wr& wr = wrs[n];
+    wr = {};
+    wr.wr_id = wr_id(kWrOp, index);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.wr.rdma.remote_addr = e.remote_addr + c.offset;
+    wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
+    if (is_write && len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    if (n > 0) wrs[n - 1].next = &wr;
+    ++n;
+    ++run_slices;
+    --c.remaining;
+    advance(*op, c, static_cast<uint64_t>(op->lane_count));
+    bool op_done_here = c.remaining == 0;
+    if (op_done_here || n == budget) {
+      wr.send_flags |= IBV_SEND_SIGNALED;
+      records[nrec++] = {op, run_slices, run_slices, false};  // one request per slice
+      run_slices = 0;
+    }
+    if (op_done_here) {
+      lane.head = op->lane_next[li];
+      if (lane.head == nullptr) lane.tail = nullptr;
+    }
+  }
+  if (n == 0) return;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(lane.qp, wrs, &bad); rc != 0) {
+    fail_post(lane, index, rc);
+    return;
+  }
+  lane.sq_free -= n;
+  for (int r = 0; r < nrec; ++r) lane.signaled.push_back(records[r]);
+}
+
+void VerbsChannel::fail_post(Lane& lane, int index, int err) {
+  lane.dead = true;
+  close({ErrorCode::kSystem,
+         "ibv_post_send on queue pair " + std::to_string(index) + ": " + std::strerror(err)});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions
+
+Status VerbsChannel::error_of(const ibv_wc& wc) const {
+  std::string what =
+      std::string("work completion: ") + api_.wc_status_str(wc.status) + " (" + dev_.name() + ")";
+  switch (wc.status) {
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+      return {ErrorCode::kPermissionDenied, what};
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_WR_FLUSH_ERR:
+      return {ErrorCode::kPeerLost, what};
+    default:
+      return {ErrorCode::kSystem, what};
+  }
+}
+
+void VerbsChannel::on_event(uint32_t) {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  unsigned events = 0;
+  while (api_.get_cq_event(comp_, &cq, &ctx) == 0) ++events;
+  if (events > 0) api_.ack_cq_events(cq_, events);
+  if (quiesced_.load()) return;
+  ibv_req_notify_cq(cq_, 0);
+  poll_completions();
+}
+
+void VerbsChannel::poll_completions() {
+  ibv_wc wcs[kPollBatch];
+  for (;;) {
+    int n = ibv_poll_cq(cq_, kPollBatch, wcs);
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      // By our own tag: a completion's opcode is undefined when its status is an error.
+      WrKind kind = kind_of(wcs[i].wr_id);
+      if (kind == kWrRecv) {
+        handle_recv_completion(wcs[i]);
+      } else {
+        handle_send_completion(wcs[i]);
+      }
+    }
+  }
+}
+
+void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
+  int index = lane_of(wc.wr_id);
+  if (index >= lanes()) return;
+  Lane& lane = *lanes_[static_cast<std::size_t>(index)];
+  if (wc.status != IBV_WC_SUCCESS) {
+    // The queue pair is in error now; everything after this flushes. The first error names
+    // the cause; the drain accounts for the rest.
+    Status s = error_of(wc);
+    {
+      std::lock_guard lock(lane.mu);
+      if (!lane.signaled.empty()) lane.signaled.front().op->record_error(s);
+      lane.dead = true;
+    }
+    close(s);
+    return;
+  }
+  Lane::Signaled rec;
+  {
+    std::lock_guard lock(lane.mu);
+    if (lane.signaled.empty()) return;
+    rec = lane.signaled.front();
+    lane.signaled.pop_front();
+    lane.sq_free += static_cast<int>(rec.wrs);
+  }
+  OpState* op = rec.op;
+  if (op->finish_slices(static_cast<int64_t>(rec.slices))) {
+    bool notify = op->with_imm && !rec.imm;
+    if (notify) {
+      std::lock_guard lock(op->mu);
+      notify = !op->has_error;
+    }
+    if (notify) {
+      // Every slice of the operation is in the target's memory (RC completions); the
+      // notification follows on the op's first lane.
+      op->pending.store(1);
+      Lane& first = *lanes_[static_cast<std::size_t>(op->first_lane)];
+      std::lock_guard lock(first.mu);
+      if (first.sq_free > 0 && first.imm_pending.empty()) {
+        post_imm_locked(first, op->first_lane, op);
+      } else {
+        first.imm_pending.push_back(op);
+      }
+    } else {
+      op->finish_posted();
+    }
+  }
+  std::lock_guard lock(lane.mu);
+  pump_locked(lane, index);
+}
+
+void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
+  int index = lane_of(wc.wr_id);
+  if (index >= lanes()) return;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (!closing_.load()) close(error_of(wc));
+    return;
+  }
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    host_.deliver_imm(link_->remote_engine_id, ntohl(wc.imm_data));
+  }
+  Lane& lane = *lanes_[static_cast<std::size_t>(index)];
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id(kWrRecv, index);
+  ibv_recv_wr* bad = nullptr;
+  std::lock_guard lock(lane.mu);
+  if (!lane.dead && ibv_post_recv(lane.qp, &wr, &bad) != 0) lane.dead = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Closing. Destroying a queue pair is the one barrier every provider honours: once
+// ibv_destroy_qp returns, the device no longer touches the memory of its requests. (Waiting for
+// flush completions instead hung on Soft-RoCE, whose 6.1 receive queues do not always flush.)
+
+void VerbsChannel::close(const Status& reason) {
+  {
+    std::lock_guard lock(close_mu_);
+    if (closing_.exchange(true)) return;
+    close_reason_ = reason;
+  }
+  if (!registered_) {
+    destroy_queue_pairs();
+    quiesced_.store(true);
+    if (on_closed_) on_closed_(reason);
+    return;
+  }
+  std::shared_ptr<VerbsChannel> self = shared_from_this();
+  host_.reactor().post(loop_, [self] { self->quiesce(); });
+}
+
+void VerbsChannel::destroy_queue_pairs() {
+  for (auto& lane : lanes_) {
+    std::lock_guard lock(lane->mu);
+    lane->dead = true;
+    lane->head = lane->tail = nullptr;
+    lane->imm_pending.clear();
+    lane->signaled.clear();
+    if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
+    lane->qp = nullptr;
+  }
+}
+
+void VerbsChannel::quiesce() {
+  if (quiesced_.exchange(true)) return;
+  destroy_queue_pairs();
+  host_.reactor().remove(loop_, comp_->fd);
+  Status reason;
+  {
+    std::lock_guard lock(close_mu_);
+    reason = close_reason_;
+  }
+  if (on_closed_) on_closed_(reason);
+  host_.reactor().retire(loop_, std::move(keep_alive_));
+}
+
+void VerbsChannel::stop_after_reactor() {
+  if (!registered_) return;
+  quiesce();
+  keep_alive_.reset();
+}
+
+}  // namespace ferry::transport::verbs

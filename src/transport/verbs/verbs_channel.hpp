@@ -1,0 +1,96 @@
+// Verbs RC transport: one-sided WRITE / READ / WRITE_WITH_IMM over reliable-connected queue
+// pairs ("lanes"), posted from the caller's thread in chains (one ibv_post_send per lane per
+// batch), selectively signaled, completed by the progress thread from the completion channel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "core/ring.hpp"
+#include "transport/contract.hpp"
+#include "transport/verbs/verbs_device.hpp"
+
+namespace ferry::transport::verbs {
+
+// What a peer needs to connect its queue pairs to ours; exchanged on the control connection.
+struct VerbsAddress {
+  static constexpr std::size_t kMaxQps = 16;
+  uint8_t gid[16] = {};
+  uint16_t lid = 0;
+  uint8_t mtu = 0;  // enum ibv_mtu
+  uint32_t psn = 0;
+  std::vector<uint32_t> qpns;
+
+  std::vector<uint8_t> encode() const;
+  // Rejects truncated or trailing input, no or too many queue pairs, queue pair numbers over
+  // 24 bits, unknown MTUs.
+  static Status decode(std::span<const uint8_t> bytes, VerbsAddress& out);
+};
+
+class VerbsChannel final : public Channel,
+                           public core::Reactor::Handler,
+                           public std::enable_shared_from_this<VerbsChannel> {
+ public:
+  // Creates the completion queue and `qps` queue pairs in INIT; connect() finishes the set-up.
+  static std::shared_ptr<VerbsChannel> create(Host& host, VerbsDevice& device,
+                                              std::shared_ptr<PeerLink> link, int qps,
+                                              std::function<void(const Status&)> on_closed);
+  ~VerbsChannel() override;
+
+  VerbsAddress local_address() const;
+  // Moves every queue pair to RTR and RTS against `remote` and starts completion handling.
+  Status connect(const VerbsAddress& remote);
+
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
+  PostResult post(OpState* op) override;
+  void close(const Status& reason) override;
+  bool closed() const override { return closing_.load(); }
+  bool fully_closed() const { return quiesced_.load(); }
+  // Destroys the queue pairs on the calling thread; only once the reactor has stopped.
+  void stop_after_reactor();
+
+  void on_event(uint32_t events) override;
+
+ private:
+  struct Lane;
+  VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
+               std::function<void(const Status&)> on_closed);
+  Status init(int qps);
+  void pump_locked(Lane& lane, int index);
+  void post_imm_locked(Lane& lane, int index, OpState* op);
+  void poll_completions();
+  void handle_send_completion(const ibv_wc& wc);
+  void handle_recv_completion(const ibv_wc& wc);
+  void fail_post(Lane& lane, int index, int err);
+  void destroy_queue_pairs();
+  // On the loop thread: destroys the queue pairs, then reports the channel closed.
+  void quiesce();
+  Status error_of(const ibv_wc& wc) const;
+
+  Host& host_;
+  VerbsDevice& dev_;
+  const VerbsApi& api_;
+  std::shared_ptr<PeerLink> link_;
+  std::function<void(const Status&)> on_closed_;
+  ibv_comp_channel* comp_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  int cq_size_ = 0;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  uint32_t psn_ = 0;
+  uint32_t max_inline_ = 0;
+  int loop_ = 0;
+  bool registered_ = false;
+  std::shared_ptr<VerbsChannel> keep_alive_;  // while registered with the reactor
+
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> quiesced_{false};
+  std::mutex close_mu_;
+  Status close_reason_;
+};
+
+}  // namespace ferry::transport::verbs

@@ -1,0 +1,66 @@
+// One opened RDMA device: protection domain, chosen port and GID, and the memory
+// registrations of the engine's regions (indexed by region slot for lock-free lookup).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "transport/contract.hpp"
+#include "transport/verbs/devices.hpp"
+#include "transport/verbs/verbs_api.hpp"
+
+namespace ferry::transport::verbs {
+
+struct VerbsOptions {
+  std::string device;  // empty: the first device with an active port and a usable GID
+  int gid_index = -1;  // -1: choose (routable RoCE v2 first)
+  int qps_per_peer = 2;
+};
+
+class VerbsDevice final : public Transport {
+ public:
+  // Opens the device named in `options` (an unknown name is an error, never a fallback).
+  // Returns null with `why` set when verbs is unusable here.
+  static std::unique_ptr<VerbsDevice> open(const VerbsOptions& options, std::string& why);
+  ~VerbsDevice() override;
+
+  TransportKind kind() const override { return TransportKind::kVerbs; }
+  uint32_t capabilities() const override { return kCapOneSided | kCapCrossHost | kCapInlineSmall; }
+  Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
+                         uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) override;
+  void deregister_region(uint32_t region_id) override;
+
+  // The local key of a registered region, for scatter/gather entries; 0 if unknown.
+  uint32_t lkey(uint32_t region_id) const;
+
+  const VerbsApi& api() const { return *api_; }
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_; }
+  uint8_t port() const { return port_; }
+  int gid_index() const { return gid_index_; }
+  const ibv_gid& gid() const { return gid_; }
+  ibv_mtu active_mtu() const { return mtu_; }
+  int max_qp_wr() const { return max_qp_wr_; }
+  int max_rd_atomic() const { return max_rd_atomic_; }
+  const VerbsOptions& options() const { return options_; }
+  std::string name() const { return name_; }
+
+ private:
+  VerbsDevice() = default;
+  const VerbsApi* api_ = nullptr;
+  VerbsOptions options_;
+  std::string name_;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  uint8_t port_ = 1;
+  int gid_index_ = -1;
+  ibv_gid gid_{};
+  ibv_mtu mtu_ = IBV_MTU_1024;
+  int max_qp_wr_ = 0;
+  int max_rd_atomic_ = 1;
+  bool relaxed_ordering_ = false;
+  std::unique_ptr<std::atomic<ibv_mr*>[]> mrs_;  // by region slot
+};
+
+}  // namespace ferry::transport::verbs
