@@ -127,7 +127,7 @@ case "$kpkg" in *cloud*) die "$kpkg is the cloud flavour, which has no rdma_rxe"
 #    (guest scripts, this script, versions of the host packages copied into the guest).
 key_inputs() {
   echo "$kpkg $kver"
-  cat "${BASH_SOURCE[0]}" "$here/guest/init" "$here/guest/rdma-pair" "$here/guest/perftest-metrics.awk"
+  cat "${BASH_SOURCE[0]}" "$here/guest-copy.sh" "$here/guest/init" "$here/guest/rdma-pair" "$here/guest/perftest-metrics.awk"
   dpkg-query -W -f='${Package} ${Version}\n' busybox-static coreutils libibverbs1 ibverbs-providers \
     ibverbs-utils perftest iproute2 libc6 2>/dev/null
 }
@@ -161,34 +161,9 @@ else
     fi
   done
 
-  # copy_path SRC: copy SRC (dereferenced) to the guest at realpath(dirname SRC)/basename,
-  # so the name the loader or a script uses exists in the guest.
-  copy_path() {
-    local src="$1" dir dest
-    [ -e "$src" ] || die "cannot copy $src into the guest: no such file on the host"
-    dir="$(realpath "$(dirname "$src")")"
-    dest="$root$dir/$(basename "$src")"
-    [ -e "$dest" ] && return 0
-    mkdir -p "$root$dir"
-    cp -L "$src" "$dest" || die "copying $src into the guest failed"
-  }
-  # copy_elf FILE: FILE plus its ldd closure (ldd does not list dlopen()ed providers).
-  copy_elf() {
-    local f="$1" line lib
-    copy_path "$f"
-    local out_ldd
-    out_ldd="$(ldd "$f" 2>&1 || true)"
-    case "$out_ldd" in *"not a dynamic executable"*|*"statically linked"*) return 0 ;; esac
-    while IFS= read -r line; do
-      case "$line" in
-        *"not found"*) die "ldd $f: ${line# *}" ;;
-        *"=> /"*) lib="${line#*=> }"; lib="${lib%% (*}" ;;
-        *[[:space:]]/*) lib="${line#"${line%%/*}"}"; lib="${lib%% (*}" ;;
-        *) continue ;;
-      esac
-      copy_path "$lib"
-    done <<<"$out_ldd"
-  }
+  GUEST_ROOT="$root"
+  # shellcheck source=tests/rdma/guest-copy.sh
+  . "$here/guest-copy.sh"
 
   # -- busybox and its applets (real tools copied later win over applet links) --
   bb="$(command -v busybox)"; [ -n "$bb" ] || die "busybox not found (package busybox-static)"

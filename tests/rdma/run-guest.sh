@@ -83,33 +83,9 @@ mkdir -p "$ov/etc/rdma-guest" "$ov/opt/ferry/bin"
 cp "$tests_file" "$ov/etc/rdma-guest/tests"
 printf 'TEST_TIMEOUT=%s\nSHOW_LOGS=%s\n' "$test_timeout" "$show_logs" > "$ov/etc/rdma-guest/run.env"
 
-# Paths are canonicalised (realpath of the directory) so the overlay never contains a
-# directory where the base has a symlink (bin -> usr/bin): the kernel's cpio unpacker
-# would replace the symlink.
-copy_path() {
-  local src="$1" dir dest
-  [ -e "$src" ] || die "cannot copy '$src' into the guest: no such file"
-  dir="$(realpath "$(dirname "$src")")"
-  dest="$ov$dir/$(basename "$src")"
-  [ -e "$dest" ] && return 0
-  mkdir -p "$ov$dir"
-  cp -L "$src" "$dest" || die "copying $src into the guest failed"
-}
-copy_elf() {
-  local f="$1" line lib out_ldd
-  copy_path "$f"
-  out_ldd="$(ldd "$f" 2>&1 || true)"
-  case "$out_ldd" in *"not a dynamic executable"*|*"statically linked"*) return 0 ;; esac
-  while IFS= read -r line; do
-    case "$line" in
-      *"not found"*) die "ldd $f: ${line#"${line%%[![:space:]]*}"}" ;;
-      *"=> /"*) lib="${line#*=> }"; lib="${lib%% (*}" ;;
-      *[[:space:]]/*) lib="${line#"${line%%/*}"}"; lib="${lib%% (*}" ;;
-      *) continue ;;
-    esac
-    copy_path "$lib"
-  done <<<"$out_ldd"
-}
+GUEST_ROOT="$ov"
+# shellcheck source=tests/rdma/guest-copy.sh
+. "$here/guest-copy.sh"
 for b in "${bins[@]}"; do
   [ -f "$b" ] && [ -x "$b" ] || die "--bin '$b' is not an executable file"
   copy_elf "$b"

@@ -107,6 +107,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
 
   // Loop thread.
   Status read_some(bool& would_block);
+  Status recv_into(uint8_t* dst, std::size_t len, std::size_t& got, bool& would_block);
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
@@ -623,18 +624,11 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   would_block = false;
   // Receive straight into the destination when much of the payload is still to come.
   if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
-    ssize_t n = ::recv(fd.get(), sink, sink_left, MSG_DONTWAIT);
-    if (n > 0) {
-      sink += n;
-      sink_left -= static_cast<uint64_t>(n);
-      return {};
-    }
-    if (n == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
-    if (errno == EAGAIN || errno == EINTR) {
-      would_block = errno == EAGAIN;
-      return {};
-    }
-    return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
+    std::size_t got = 0;
+    Status st = recv_into(sink, sink_left, got, would_block);
+    sink += got;
+    sink_left -= got;
+    return st;
   }
   if (rpos == rend) {
     rpos = rend = 0;
@@ -649,9 +643,17 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   if (!in_payload && last_payload_large && rend - rpos < core::kFrameHeaderSize) {
     want = core::kFrameHeaderSize - (rend - rpos);
   }
-  ssize_t n = ::recv(fd.get(), rbuf.data() + rend, want, MSG_DONTWAIT);
+  std::size_t got = 0;
+  Status st = recv_into(rbuf.data() + rend, want, got, would_block);
+  rend += got;
+  return st;
+}
+
+Status TcpChannel::Stream::recv_into(uint8_t* dst, std::size_t len, std::size_t& got,
+                                     bool& would_block) {
+  ssize_t n = ::recv(fd.get(), dst, len, MSG_DONTWAIT);
   if (n > 0) {
-    rend += static_cast<std::size_t>(n);
+    got = static_cast<std::size_t>(n);
     return {};
   }
   if (n == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
