@@ -538,7 +538,6 @@ std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
   options.streams = streams;
   options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
   std::weak_ptr<PeerImpl> weak = peer;
-  std::weak_ptr<EngineImpl> weak_engine = weak_from_this();
   peer->open_channels.fetch_add(1);
   return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak](const Status& why) {
     if (auto p = weak.lock()) p->channel_closed(why);
@@ -558,12 +557,15 @@ Status EngineImpl::connect_verbs(const std::shared_ptr<PeerImpl>& peer, int cont
                                  core::Deadline deadline) {
   if (verbs_ == nullptr) return {ErrorCode::kUnsupported, "verbs chosen but no device is open"};
   std::weak_ptr<PeerImpl> weak = peer;
+  try {
+    peer->verbs = transport::verbs::VerbsChannel::create(
+        *this, *verbs_, peer->link, config.verbs_qps, [weak](const Status& why) {
+          if (auto p = weak.lock()) p->channel_closed(why);
+        });
+  } catch (const Error& e) {
+    return e.status();  // no queue pairs for this peer: it is refused, the engine goes on
+  }
   peer->open_channels.fetch_add(1);
-  peer->verbs = transport::verbs::VerbsChannel::create(*this, *verbs_, peer->link, config.verbs_qps,
-                                                       [weak](const Status& why) {
-                                                         if (auto p = weak.lock())
-                                                           p->channel_closed(why);
-                                                       });
   auto send_address = [&] {
     std::vector<uint8_t> body = peer->verbs->local_address().encode();
     std::vector<uint8_t> frame(core::kFrameHeaderSize);
@@ -709,14 +711,21 @@ void EngineImpl::serve_new_connection(core::Fd fd) {
   FrameHeader h;
   std::vector<uint8_t> body;
   Status s = read_frame(fd.get(), deadline, h, body);
-  if (s.ok()) {
-    if (h.type == FrameType::kHello) {
-      s = serve_hello(fd, body, deadline);
-    } else if (h.type == FrameType::kJoin) {
-      s = serve_join(fd, body, deadline);
-    } else {
-      s = {ErrorCode::kProtocol, "expected hello or join"};
+  // Nothing a connecting peer causes may end the acceptor thread: failures refuse that peer.
+  try {
+    if (s.ok()) {
+      if (h.type == FrameType::kHello) {
+        s = serve_hello(fd, body, deadline);
+      } else if (h.type == FrameType::kJoin) {
+        s = serve_join(fd, body, deadline);
+      } else {
+        s = {ErrorCode::kProtocol, "expected hello or join"};
+      }
     }
+  } catch (const Error& e) {
+    s = e.status();
+  } catch (const std::exception& e) {
+    s = {ErrorCode::kSystem, std::string("accepting a peer: ") + e.what()};
   }
   if (!s.ok() && fd.valid()) refuse(fd.get(), s, deadline);
 }
