@@ -19,7 +19,8 @@ run: build
 	./build/release/tools/ferry bench
 
 test: deps check-layers test-release tidy test-rdma test-asan test-tsan test-fuzz
-	@echo "all test suites passed"
+	@echo "all test suites passed (layers, release, clang-tidy, soft-roce guest, asan+ubsan, tsan, fuzz)"
+	@echo "suites: 7 passed, 0 failed"
 
 test-release: deps
 	cmake --preset release >/dev/null
