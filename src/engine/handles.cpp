@@ -102,7 +102,7 @@ std::vector<TransportInfo> Engine::transports() {
     }
     verbs.usable = std::any_of(devices.begin(), devices.end(), [](const auto& d) {
       return std::any_of(d.ports.begin(), d.ports.end(),
-                         [](const auto& p) { return p.active && p.chosen_gid >= 0; });
+                         [](const auto& p) { return transport::verbs::usable(p); });
     });
     verbs.detail = devices.empty() ? why
                    : verbs.usable

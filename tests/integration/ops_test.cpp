@@ -9,21 +9,12 @@
 namespace ferry::test {
 namespace {
 
-struct Side {
-  Side(Engine& e, std::size_t n, Access access, uint32_t seed) : buf(n) {
-    fill_pattern(buf, seed);
-    region = e.register_memory(buf.data(), n, access);
-  }
-  std::vector<uint8_t> buf;
-  Region region;
-};
-
 TEST(Batch, TenThousandScatteredEntriesWriteAndRead) {
   Pair p;
   constexpr int kEntries = 10000;
   constexpr uint64_t kEntry = 333;  // odd size: entries straddle every alignment
-  Side local(p.initiator, kEntries * kEntry, Access::kLocal, 3);
-  Side remote(p.target, kEntries * kEntry * 2, Access::kRemoteReadWrite, 4);
+  Buffer local(p.initiator, kEntries * kEntry, Access::kLocal, 3);
+  Buffer remote(p.target, kEntries * kEntry * 2, Access::kRemoteReadWrite, 4);
   Descriptor d = remote.region.descriptor();
   std::vector<Transfer> batch;
   for (int i = 0; i < kEntries; ++i) {
@@ -36,12 +27,13 @@ TEST(Batch, TenThousandScatteredEntriesWriteAndRead) {
   EXPECT_EQ(w.bytes(), kEntries * kEntry);
   for (int i = 0; i < kEntries; ++i) {
     uint64_t r = static_cast<uint64_t>(kEntries - 1 - i) * kEntry * 2;
-    ASSERT_EQ(0, std::memcmp(local.buf.data() + i * kEntry, remote.buf.data() + r, kEntry)) << i;
+    ASSERT_EQ(0, std::memcmp(local.bytes.data() + i * kEntry, remote.bytes.data() + r, kEntry))
+        << i;
   }
-  std::vector<uint8_t> expected = local.buf;
-  std::fill(local.buf.begin(), local.buf.end(), 0);
+  std::vector<uint8_t> expected = local.bytes;
+  std::fill(local.bytes.begin(), local.bytes.end(), 0);
   ASSERT_TRUE(p.peer.read(batch).wait(kWait).ok());
-  EXPECT_EQ(expected, local.buf);
+  EXPECT_EQ(expected, local.bytes);
 }
 
 TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
@@ -49,8 +41,8 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
   constexpr int kThreads = 4;
   constexpr int kOpsPerThread = 40;
   constexpr uint64_t kSlot = 3 << 20;
-  Side init_side(p.initiator, kThreads * kSlot, Access::kRemoteReadWrite, 5);
-  Side target_side(p.target, kThreads * kSlot, Access::kRemoteReadWrite, 6);
+  Buffer init_side(p.initiator, kThreads * kSlot, Access::kRemoteReadWrite, 5);
+  Buffer target_side(p.target, kThreads * kSlot, Access::kRemoteReadWrite, 6);
   Descriptor at_target = target_side.region.descriptor();
   Descriptor at_initiator = init_side.region.descriptor();
   std::atomic<int> failures{0};
@@ -60,8 +52,8 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
       // Even threads push initiator -> target, odd ones target -> initiator, in disjoint slots.
       bool forward = t % 2 == 0;
       const Peer& peer = forward ? p.peer : p.target_peer;
-      Side& src = forward ? init_side : target_side;
-      Side& dst = forward ? target_side : init_side;
+      Buffer& src = forward ? init_side : target_side;
+      Buffer& dst = forward ? target_side : init_side;
       const Descriptor& d = forward ? at_target : at_initiator;
       uint64_t base = static_cast<uint64_t>(t) * kSlot;
       std::vector<Future> inflight;
@@ -87,13 +79,13 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
   // change).
   for (int t = 0; t < kThreads; ++t) {
     bool forward = t % 2 == 0;
-    Side& src = forward ? init_side : target_side;
-    Side& dst = forward ? target_side : init_side;
+    Buffer& src = forward ? init_side : target_side;
+    Buffer& dst = forward ? target_side : init_side;
     uint64_t base = static_cast<uint64_t>(t) * kSlot;
     for (int i = 0; i < kOpsPerThread; ++i) {
       uint64_t len = 1 + (static_cast<uint64_t>(i) * 104729) % kSlot;
       uint64_t off = (static_cast<uint64_t>(i) * 7919) % (kSlot - len + 1);
-      ASSERT_EQ(0, std::memcmp(src.buf.data() + base + off, dst.buf.data() + base + off, len))
+      ASSERT_EQ(0, std::memcmp(src.bytes.data() + base + off, dst.bytes.data() + base + off, len))
           << t << " " << i;
     }
   }
@@ -104,30 +96,13 @@ TEST(WriteWithImm, NotificationComesAfterEveryByteLanded) {
   c.tcp_streams = 4;
   c.slice_bytes = 64 << 10;  // many slices over all four streams
   Pair p(c, c);
-  constexpr uint64_t kLen = 8 << 20;
-  Side local(p.initiator, kLen, Access::kLocal, 7);
-  Side remote(p.target, kLen, Access::kRemoteWrite, 8);
-  Descriptor d = remote.region.descriptor();
-  for (uint32_t round = 0; round < 3; ++round) {
-    fill_pattern(local.buf, 100 + round);
-    Transfer t{&local.region, 0, &d, 0, kLen};
-    Future f = p.peer.write_with_imm({&t, 1}, 0xabc0 + round);
-    auto ev = p.target.next_imm(kWait);
-    ASSERT_TRUE(ev.has_value());
-    EXPECT_EQ(ev->imm, 0xabc0 + round);
-    EXPECT_EQ(ev->peer_engine_id, p.initiator.id());
-    // Checked at the moment the notification is seen, before the initiator's future completes.
-    ASSERT_EQ(0, std::memcmp(local.buf.data(), remote.buf.data(), kLen)) << round;
-    ASSERT_TRUE(f.wait(kWait).ok());
-  }
-  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value())
-      << "one notification per op";
+  expect_imm_after_every_byte(p, 8 << 20, 0xabc0);
 }
 
 TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
   Pair p;
-  Side local(p.initiator, 1 << 20, Access::kLocal, 9);
-  Side remote(p.target, 1 << 20, Access::kRemoteWrite, 10);
+  Buffer local(p.initiator, 1 << 20, Access::kLocal, 9);
+  Buffer remote(p.target, 1 << 20, Access::kRemoteWrite, 10);
   Descriptor d = remote.region.descriptor();
   std::atomic<int> seen{0};
   std::atomic<uint32_t> last{0};
@@ -151,14 +126,14 @@ TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
 
 TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {
   Pair p;
-  Side src(p.initiator, 1 << 20, Access::kLocal, 11);
-  Side dst(p.target, 1 << 20, Access::kLocal, 12);
+  Buffer src(p.initiator, 1 << 20, Access::kLocal, 11);
+  Buffer dst(p.target, 1 << 20, Access::kLocal, 12);
   // Posted first, then sent.
   Future r1 = p.target_peer.recv(1, dst.region, 0, 1000);
   ASSERT_TRUE(p.peer.send(1, src.region, 0, 1000).wait(kWait).ok());
   ASSERT_TRUE(r1.wait(kWait).ok());
   EXPECT_EQ(r1.bytes(), 1000u);
-  EXPECT_EQ(0, std::memcmp(src.buf.data(), dst.buf.data(), 1000));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), 1000));
 
   // Sent first (buffered), then received; order per tag is kept; tags do not mix.
   ASSERT_TRUE(p.peer.send(2, src.region, 100, 10).wait(kWait).ok());
@@ -173,20 +148,20 @@ TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {
   EXPECT_EQ(a.bytes(), 10u);
   EXPECT_EQ(b.bytes(), 20u);
   EXPECT_EQ(c.bytes(), 30u);
-  EXPECT_EQ(0, std::memcmp(src.buf.data() + 100, dst.buf.data(), 10));
-  EXPECT_EQ(0, std::memcmp(src.buf.data() + 300, dst.buf.data() + 100, 20));
-  EXPECT_EQ(0, std::memcmp(src.buf.data() + 200, dst.buf.data() + 200, 30));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 100, dst.bytes.data(), 10));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 300, dst.bytes.data() + 100, 20));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 200, dst.bytes.data() + 200, 30));
 }
 
 TEST(SendRecv, LargeMessagesAndTruncation) {
   Pair p;
   constexpr uint64_t kBig = 16 << 20;
-  Side src(p.initiator, kBig, Access::kLocal, 13);
-  Side dst(p.target, kBig, Access::kLocal, 14);
+  Buffer src(p.initiator, kBig, Access::kLocal, 13);
+  Buffer dst(p.target, kBig, Access::kLocal, 14);
   Future r = p.target_peer.recv(9, dst.region, 0, kBig);
   ASSERT_TRUE(p.peer.send(9, src.region, 0, kBig).wait(kWait).ok());
   ASSERT_TRUE(r.wait(kWait).ok());
-  EXPECT_EQ(src.buf, dst.buf);
+  EXPECT_EQ(src.bytes, dst.bytes);
 
   Future small = p.target_peer.recv(10, dst.region, 0, 16);
   Status sent = p.peer.send(10, src.region, 0, 64).wait(kWait);
@@ -199,12 +174,12 @@ TEST(SendRecv, BothDirectionsAndUnexpectedLimit) {
   Config c = test_config();
   c.max_unexpected_bytes = 4096;
   Pair p(c, c);
-  Side a(p.initiator, 8192, Access::kLocal, 15);
-  Side b(p.target, 8192, Access::kLocal, 16);
+  Buffer a(p.initiator, 8192, Access::kLocal, 15);
+  Buffer b(p.target, 8192, Access::kLocal, 16);
   ASSERT_TRUE(p.target_peer.send(4, b.region, 0, 100).wait(kWait).ok());
   Future r = p.peer.recv(4, a.region, 0, 100);
   ASSERT_TRUE(r.wait(kWait).ok());
-  EXPECT_EQ(0, std::memcmp(a.buf.data(), b.buf.data(), 100));
+  EXPECT_EQ(0, std::memcmp(a.bytes.data(), b.bytes.data(), 100));
   // Nobody receives: the target refuses what exceeds its buffer limit, and says so.
   Status s = p.peer.send(5, a.region, 0, 8192).wait(kWait);
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
@@ -212,8 +187,8 @@ TEST(SendRecv, BothDirectionsAndUnexpectedLimit) {
 
 TEST(Future, WaitTimesOutThenCompletesAndCallsBack) {
   Pair p;
-  Side a(p.initiator, 64, Access::kLocal, 17);
-  Side b(p.target, 64, Access::kLocal, 18);
+  Buffer a(p.initiator, 64, Access::kLocal, 17);
+  Buffer b(p.target, 64, Access::kLocal, 18);
   Future r = p.target_peer.recv(77, b.region, 0, 64);
   EXPECT_EQ(r.wait(std::chrono::milliseconds(20)).code(), ErrorCode::kTimeout);
   EXPECT_FALSE(r.test());

@@ -10,15 +10,6 @@
 namespace ferry::test {
 namespace {
 
-struct Buffer {
-  Buffer(Engine& e, std::size_t n, Access access, uint32_t seed) : bytes(n) {
-    fill_pattern(bytes, seed);
-    region = e.register_memory(bytes.data(), n, access);
-  }
-  std::vector<uint8_t> bytes;
-  Region region;
-};
-
 class Verbs : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,22 +64,7 @@ TEST_F(Verbs, ScatteredBatchBothWays) {
 }
 
 TEST_F(Verbs, WriteWithImmArrivesAfterEveryByte) {
-  constexpr uint64_t kLen = 4 << 20;  // striped over both queue pairs
-  Buffer local(p.initiator, kLen, Access::kLocal, 5);
-  Buffer remote(p.target, kLen, Access::kRemoteWrite, 6);
-  Descriptor d = remote.region.descriptor();
-  for (uint32_t round = 0; round < 3; ++round) {
-    fill_pattern(local.bytes, 50 + round);
-    Transfer t{&local.region, 0, &d, 0, kLen};
-    Future f = p.peer.write_with_imm({&t, 1}, 0x5000 + round);
-    auto ev = p.target.next_imm(kWait);
-    ASSERT_TRUE(ev.has_value());
-    EXPECT_EQ(ev->imm, 0x5000 + round);
-    EXPECT_EQ(ev->peer_engine_id, p.initiator.id());
-    ASSERT_EQ(0, std::memcmp(local.bytes.data(), remote.bytes.data(), kLen)) << round;
-    ASSERT_TRUE(f.wait(kWait).ok());
-  }
-  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(100)).has_value());
+  expect_imm_after_every_byte(p, 4 << 20, 0x5000);  // striped over both queue pairs
 }
 
 TEST_F(Verbs, ConcurrentThreadsAndMessages) {

@@ -42,6 +42,16 @@ inline void fill_pattern(std::vector<uint8_t>& v, uint32_t seed) {
   fill_pattern(v.data(), v.size(), seed);
 }
 
+// A patterned buffer registered with an engine.
+struct Buffer {
+  Buffer(Engine& e, std::size_t n, Access access, uint32_t seed) : bytes(n) {
+    fill_pattern(bytes, seed);
+    region = e.register_memory(bytes.data(), n, access);
+  }
+  std::vector<uint8_t> bytes;
+  Region region;
+};
+
 struct Pair {
   explicit Pair(Config target_config = test_config(), Config initiator_config = test_config())
       : target(target_config), initiator(initiator_config) {
@@ -55,5 +65,27 @@ struct Pair {
   Peer peer;         // initiator -> target
   Peer target_peer;  // target -> initiator
 };
+
+// write_with_imm of `len` bytes, three rounds: at the moment each notification is seen, every
+// byte must already be in the target's memory; one notification per operation.
+inline void expect_imm_after_every_byte(Pair& p, uint64_t len, uint32_t first_imm) {
+  Buffer local(p.initiator, len, Access::kLocal, first_imm);
+  Buffer remote(p.target, len, Access::kRemoteWrite, first_imm + 1);
+  Descriptor d = remote.region.descriptor();
+  for (uint32_t round = 0; round < 3; ++round) {
+    fill_pattern(local.bytes, first_imm + 100 + round);
+    Transfer t{&local.region, 0, &d, 0, len};
+    Future f = p.peer.write_with_imm({&t, 1}, first_imm + round);
+    auto ev = p.target.next_imm(kWait);
+    ASSERT_TRUE(ev.has_value());
+    EXPECT_EQ(ev->imm, first_imm + round);
+    EXPECT_EQ(ev->peer_engine_id, p.initiator.id());
+    // Before the initiator's future completes.
+    ASSERT_EQ(0, std::memcmp(local.bytes.data(), remote.bytes.data(), len)) << round;
+    ASSERT_TRUE(f.wait(kWait).ok());
+  }
+  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(100)).has_value())
+      << "one notification per op";
+}
 
 }  // namespace ferry::test

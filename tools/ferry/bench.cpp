@@ -180,7 +180,6 @@ struct Row {
 
 struct Initiator {
   const BenchOptions& o;
-  Engine& engine;
   Peer peer;
   Descriptor remote;
   uint64_t bytes;
@@ -350,9 +349,8 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
   Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
 
-  Initiator ini{
-      o,  engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
-      {}, {},     mail};
+  Initiator ini{o,  peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
+                {}, {},   mail};
   ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
   ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
   fill(ini.buf.data(), bytes, 7);

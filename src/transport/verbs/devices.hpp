@@ -37,6 +37,10 @@ struct DeviceInfo {
 // Prefers RoCE v2 with an IPv4-mapped address (routable), then any RoCE v2, then the first
 // non-zero GID. `wanted_index` >= 0 forces that index, which must exist.
 int choose_gid(const PortInfo& port, int wanted_index);
+// An active port with a GID to use (the one at `wanted_index` when >= 0).
+inline bool usable(const PortInfo& port, int wanted_index = -1) {
+  return port.active && choose_gid(port, wanted_index) >= 0;
+}
 
 // Every device with its ports and GIDs; `why` says what failed when the list is empty.
 std::vector<DeviceInfo> discover(const VerbsApi& api, std::string& why);

@@ -18,8 +18,7 @@ std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std:
   for (const DeviceInfo& d : devices) {
     if (!options.device.empty() && d.name != options.device) continue;
     for (const PortInfo& p : d.ports) {
-      if (!p.active) continue;
-      if (choose_gid(p, options.gid_index) < 0) continue;
+      if (!usable(p, options.gid_index)) continue;
       chosen_dev = &d;
       chosen_port = &p;
       break;
