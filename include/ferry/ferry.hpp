@@ -73,11 +73,13 @@ struct Config {
   std::size_t stripe_threshold = 1 << 20;
   // Unacknowledged slices per socket: bounds the target's response queue.
   int slices_in_flight_per_stream = 64;
-  // Progress threads spin this long after work before sleeping. 0 on few-core hosts: on 2 cores
-  // 50 us tripled the 8-byte write latency (spinning threads starve the ones with work).
+  // Progress threads spin this long after work before sleeping (over verbs: keep polling the
+  // completion queue). 0 on few-core hosts: on 2 cores 50 us tripled the 8-byte write latency
+  // (spinning threads starve the ones with work).
   Duration busy_poll = std::chrono::microseconds(0);
-  // Future::wait spins this long before sleeping, saving a thread wake-up on small operations:
-  // 8-byte write p50 on loopback was 43 us with 0-20 us, 32 us with 50 us; 200 us only raised p99.
+  // Future::wait spins this long before sleeping (over verbs polling the completion queue),
+  // saving a thread wake-up on small operations: 8-byte write p50 on TCP loopback was 43 us
+  // with 0-20 us, 32 us with 50 us; 200 us only raised p99.
   Duration wait_spin = std::chrono::microseconds(50);
 
   // A peer silent for this long is declared lost and its operations fail with kPeerLost.
@@ -162,15 +164,17 @@ class Future {
   Future& operator=(Future&&) noexcept;
   ~Future();
 
-  // Waits up to `timeout`; returns kTimeout if still running (the operation goes on).
+  // Waits up to `timeout`; returns kTimeout if still running (the operation goes on). Over
+  // verbs it first polls the completion queue for Config::wait_spin on the calling thread.
   Status wait(Duration timeout) const;
-  // True once completed, successfully or not.
+  // True once completed, successfully or not. Over verbs it polls the completion queue once.
   bool test() const;
   // The final status, or kInProgress.
   Status status() const;
   // Bytes moved: for recv(), the length of the message received.
   uint64_t bytes() const;
-  // Calls `fn` once with the final status: at once if already done, else from a progress thread.
+  // Calls `fn` once with the final status: at once if already done, else from the thread that
+  // handles the completion (a progress thread, or a caller polling in wait() / test()).
   void then(std::function<void(const Status&)> fn) const;
 
  private:

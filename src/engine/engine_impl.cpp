@@ -528,6 +528,14 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
 
 void EngineImpl::deregister(RegionRecord& record) {
   if (!record.registered.exchange(false)) return;
+  // Revocation waits for the operations using the region: their completions must be handled
+  // even if nobody waits for them.
+  std::vector<std::shared_ptr<PeerImpl>> peers;
+  {
+    std::lock_guard lock(mu_);
+    peers = peers_;
+  }
+  for (auto& p : peers) p->link->pool->unwatched();
   regions_.revoke(record.id);
   for (auto& t : transports_) t->deregister_region(record.id);
 }
@@ -559,7 +567,7 @@ Status EngineImpl::connect_verbs(const std::shared_ptr<PeerImpl>& peer, int cont
   std::weak_ptr<PeerImpl> weak = peer;
   try {
     peer->verbs = transport::verbs::VerbsChannel::create(
-        *this, *verbs_, peer->link, config.verbs_qps, [weak](const Status& why) {
+        *this, *verbs_, peer->link, config.verbs_qps, config.busy_poll, [weak](const Status& why) {
           if (auto p = weak.lock()) p->channel_closed(why);
         });
   } catch (const Error& e) {

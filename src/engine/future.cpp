@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -26,10 +27,17 @@ Future& Future::operator=(Future&& o) noexcept {
   return *this;
 }
 Future::~Future() {
-  if (op_ != nullptr) op_->release();
+  if (op_ == nullptr) return;
+  if (!op_->done.load(std::memory_order_acquire)) op_->pool->unwatched();
+  op_->release();
 }
 
-bool Future::test() const { return op_ != nullptr && op_->done.load(std::memory_order_acquire); }
+bool Future::test() const {
+  if (op_ == nullptr) return false;
+  if (op_->done.load(std::memory_order_acquire)) return true;
+  op_->pool->progress();  // a polling caller drives the completion queue, as wait() does
+  return op_->done.load(std::memory_order_acquire);
+}
 
 Status Future::status() const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
@@ -43,10 +51,9 @@ Status Future::wait(Duration timeout) const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
   detail::OpState* op = op_;
   auto deadline = Clock::now() + timeout;
-  // A short spin catches completions that arrive within a few microseconds without a sleep.
-  auto spin_until = Clock::now() + std::chrono::nanoseconds(op->spin_ns);
-  while (!op->done.load(std::memory_order_acquire) && Clock::now() < spin_until) {
-  }
+  // A short spin catches completions that arrive within a few microseconds without a sleep;
+  // where the peer's channel lets callers poll (verbs), the spin polls its completion queue.
+  op->pool->spin(*op, std::chrono::nanoseconds(std::min(op->spin_ns, timeout.count())));
   if (!op->done.load(std::memory_order_acquire)) {
     std::unique_lock lock(op->mu);
     if (!op->cv.wait_until(lock, deadline,
@@ -64,12 +71,17 @@ uint64_t Future::bytes() const {
 void Future::then(std::function<void(const Status&)> fn) const {
   if (op_ == nullptr || !fn) return;
   detail::OpState* op = op_;
+  bool stored = false;
   {
     std::lock_guard lock(op->mu);
     if (!op->done.load(std::memory_order_acquire)) {
       op->callback = std::move(fn);
-      return;
+      stored = true;
     }
+  }
+  if (stored) {
+    op->pool->unwatched();  // the callback must run without a waiter polling
+    return;
   }
   fn(op->status);
 }

@@ -1,5 +1,7 @@
 #include "transport/op.hpp"
 
+#include <thread>
+
 namespace ferry::transport {
 
 void advance(const OpState& op, LaneCursor& cursor, uint64_t n) {
@@ -142,6 +144,65 @@ std::vector<OpState*> OpPool::close_and_collect() {
     }
   }
   return posted;
+}
+
+namespace {
+// The pool this thread is inside progress() of, and how deeply: a source may be destroyed from
+// inside its own progress() (a completion callback dropped the last reference), which must not
+// wait for itself.
+struct Progressing {
+  const OpPool* pool = nullptr;
+  int depth = 0;
+};
+thread_local Progressing progressing;
+}  // namespace
+
+template <typename Fn>
+void OpPool::with_progress(Fn&& fn) {
+  Progressing outer = progressing;
+  progressing = {this, outer.pool == this ? outer.depth + 1 : 1};
+  progress_users_.fetch_add(1);
+  if (ProgressSource* s = progress_.load()) fn(*s);
+  progress_users_.fetch_sub(1);
+  progressing = outer;
+}
+
+void OpPool::progress() {
+  with_progress([](ProgressSource& s) { s.progress(); });
+}
+
+void OpPool::spin(const OpState& op, std::chrono::nanoseconds spin) {
+  auto done = [&op] { return op.done.load(std::memory_order_acquire); };
+  auto until = std::chrono::steady_clock::now() + spin;
+  bool polled = false;
+  with_progress([&](ProgressSource& s) {
+    polled = true;
+    s.spin_begin();
+    while (!done() && std::chrono::steady_clock::now() < until) s.progress();
+    s.spin_end();
+  });
+  if (!polled) {
+    while (!done() && std::chrono::steady_clock::now() < until) {
+    }
+  }
+}
+
+void OpPool::unwatched() {
+  with_progress([](ProgressSource& s) {
+    s.spin_begin();
+    s.spin_end();
+  });
+}
+
+void OpPool::set_progress(ProgressSource* source) { progress_.store(source); }
+
+void OpPool::clear_progress(ProgressSource* source) {
+  ProgressSource* expected = source;
+  progress_.compare_exchange_strong(expected, nullptr);
+  // Sequentially consistent with progress(): a caller that counted itself in before the store
+  // above may still be inside `source`.
+  int mine = progressing.pool == this ? progressing.depth : 0;
+  while (progress_users_.load() > mine) std::this_thread::yield();
 }
 
 void OpPool::recycle(OpState* op) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -43,6 +44,20 @@ struct LaneCursor {
 };
 
 class OpPool;
+
+// Something a waiting caller may drive instead of sleeping: a verbs channel polls its completion
+// queue. Runs completions (and their callbacks) on the caller's thread. While callers spin, the
+// source need not wake a progress thread for completions; spin_end() (the last spinner gone,
+// or an op left unwatched) makes sure one will.
+class ProgressSource {
+ public:
+  virtual void progress() = 0;
+  virtual void spin_begin() = 0;
+  virtual void spin_end() = 0;
+
+ protected:
+  ~ProgressSource() = default;
+};
 
 // Slices an entry of `length` bytes is cut into (small entries are never split).
 inline uint64_t slice_count(uint64_t length, uint64_t slice_bytes) {
@@ -148,9 +163,23 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // reference the caller must release.
   std::vector<OpState*> close_and_collect();
 
+  // The source Future::wait drives while it spins (one per peer: the channel whose completions
+  // a caller can poll). Clearing it waits until no caller is inside it any more.
+  void set_progress(ProgressSource* source);
+  void clear_progress(ProgressSource* source);
+  void progress();
+  // Polls while `op` is incomplete, up to `spin`.
+  void spin(const OpState& op, std::chrono::nanoseconds spin);
+  // Nobody watches an incomplete op any more (a callback was attached, or its last Future
+  // went): completions must wake a progress thread.
+  void unwatched();
+
  private:
   friend struct ::ferry::detail::OpState;
   void recycle(OpState* op);
+  // Runs `fn` on the progress source, if any, counted in progress_users_.
+  template <typename Fn>
+  void with_progress(Fn&& fn);
 
   static constexpr uint32_t kBlockBits = 10;
   static constexpr uint32_t kBlocks = 1024;  // up to 1M ops per peer at once
@@ -162,6 +191,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::vector<OpState*> free_;
   std::vector<std::unique_ptr<OpState>> owned_;
   std::atomic<Block*> blocks_[kBlocks] = {};
+  std::atomic<ProgressSource*> progress_{nullptr};
+  std::atomic<int> progress_users_{0};
 };
 
 }  // namespace ferry::transport

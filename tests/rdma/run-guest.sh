@@ -116,10 +116,12 @@ echo "run-guest: booting $(basename "$(readlink -f "$vmlinuz")") under TCG, test
 set +e
 # TCG, multi-threaded: with one vCPU thread a busy-polling peer costs a 4 ms tick per
 # round trip. (KVM: /dev/kvm exists on our machines but nested guests hang there.)
+# clocksource=tsc: TCG's emulated HPET, the default, makes every clock_gettime a trap costing
+# tens of microseconds; perftest times with rdtsc, so Ferry must read time as cheaply.
 timeout -k 10 "$timeout_s" "$qemu" -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m 1024M \
     -nographic -no-reboot -serial mon:stdio -nic none \
     -kernel "$vmlinuz" -initrd "$work/initrd.img" \
-    -append "console=ttyS0 panic=-1 quiet" < /dev/null 2>&1 \
+    -append "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable" < /dev/null 2>&1 \
   | sed -u 's/\r$//' | tee "$log" \
   | grep --line-buffered -E '^(RESULT|METRIC|TIME|TIMEOUT|NOTE|RDMA-GUEST|  \| )|Kernel panic'
 qemu_rc=${PIPESTATUS[0]}

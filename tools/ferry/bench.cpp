@@ -67,6 +67,29 @@ void check(const Status& s, const std::string& what) {
   if (!s.ok()) throw Error(s.code(), what + ": " + s.message());
 }
 
+// Ping-pong (as perftest's ib_write_lat): each side writes `size` bytes into the other's
+// receive area, whose last byte counts the rounds, and waits for that byte before it answers.
+// Areas: receive at [0, size), send from [size, 2 size) of each side's buffer.
+uint8_t round_mark(uint64_t round) { return static_cast<uint8_t>(round % 255 + 1); }
+
+void await_round(const uint8_t* rx, uint64_t size, uint64_t round) {
+  std::atomic_ref<const uint8_t> mark(rx[size - 1]);
+  auto deadline = BenchClock::now() + kOpTimeout;
+  while (mark.load(std::memory_order_acquire) != round_mark(round)) {
+    if (BenchClock::now() > deadline)
+      throw Error(ErrorCode::kTimeout, "ping-pong: round " + std::to_string(round) + " never came");
+  }
+}
+
+// One round from this side: writes the send area (last byte marked) into the peer's receive
+// area and waits for the write to complete, as ib_write_lat does.
+void pingpong_write(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
+                    uint64_t size, uint64_t round) {
+  buf[2 * size - 1] = round_mark(round);
+  Transfer t{&local, size, &remote, 0, size};
+  check(peer.write({&t, 1}).wait(kOpTimeout), "ping-pong write");
+}
+
 // A small registered buffer for the bench's own messages.
 struct Mailbox {
   explicit Mailbox(Engine& e)
@@ -143,6 +166,19 @@ int run_target(const BenchOptions& o) {
     std::string cmd = mail.recv(peer, kTagSetup);
     if (cmd == "done") break;
     std::istringstream in(cmd);
+    if (cmd.rfind("pingpong ", 0) == 0) {
+      // "pingpong <rounds> <size> <initiator's descriptor>": answer every round.
+      std::string word, desc;
+      uint64_t rounds = 0, size = 0;
+      in >> word >> rounds >> size >> desc;
+      Descriptor initiator = Descriptor::parse(desc);
+      fill(buf.data() + size, size, size);
+      for (uint64_t r = 0; r < rounds; ++r) {
+        await_round(buf.data(), size, r);
+        pingpong_write(peer, region, buf.data(), initiator, size, r);
+      }
+      continue;
+    }
     uint64_t count = 0, size = 0, window = 0;
     in >> count >> size >> window;
     uint64_t slots = std::max<uint64_t>(1, std::min(window, bytes / std::max<uint64_t>(size, 1)));
@@ -180,6 +216,7 @@ struct Row {
 
 struct Initiator {
   const BenchOptions& o;
+  Engine& engine;
   Peer peer;
   Descriptor remote;
   uint64_t bytes;
@@ -232,6 +269,7 @@ struct Initiator {
       uint64_t per_op = size * static_cast<uint64_t>(o.batch);
       iters = static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters));
     }
+    if (op == "pingpong") return pingpong(size, iters);
     if (op == "send") {
       mail.send(peer, kTagSetup,
                 std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
@@ -277,19 +315,53 @@ struct Initiator {
       if (bad != "0")
         throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);
     }
+    bool verified = verify(op, size);
+    if (!verified)
+      throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
+    return finish(op, size, o.batch, o.concurrency, iters, secs, lat_us);
+  }
+
+  // Half round trips of ping-pong writes, with the target answering each one.
+  Row pingpong(uint64_t size, int iters) {
+    if (2 * size > bytes) throw Error(ErrorCode::kInvalidArgument, "ping-pong: size too large");
+    std::vector<uint8_t> pp(2 * size, 0);
+    Region pp_region = engine.register_memory(pp.data(), pp.size(), Access::kRemoteWrite);
+    fill(pp.data() + size, size, size + 1);
+    auto rounds = static_cast<uint64_t>(iters + kWarmupIters);
+    mail.send(peer, kTagSetup,
+              "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
+                  pp_region.descriptor().to_string());
+    std::vector<double> lat_us;
+    lat_us.reserve(static_cast<std::size_t>(iters));
+    auto t0 = BenchClock::now();
+    for (uint64_t r = 0; r < rounds; ++r) {
+      if (r == static_cast<uint64_t>(kWarmupIters)) t0 = BenchClock::now();
+      auto ts = BenchClock::now();
+      pingpong_write(peer, pp_region, pp.data(), remote, size, r);
+      await_round(pp.data(), size, r);
+      if (r >= static_cast<uint64_t>(kWarmupIters)) {
+        lat_us.push_back(std::chrono::duration<double, std::micro>(BenchClock::now() - ts).count() /
+                         2);
+      }
+    }
+    double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
+    // The target's answers carried its pattern (all but the round mark).
+    if (size > 1 && !matches(pp.data(), size - 1, size))
+      throw Error(ErrorCode::kProtocol, "ping-pong: data mismatch");
+    return finish("pingpong", size, 1, 1, iters, secs, lat_us);
+  }
+
+  // A verified row from the latencies and the elapsed time of `iters` operations.
+  static Row finish(const std::string& op, uint64_t size, int batch, int concurrency, int iters,
+                    double secs, std::vector<double>& lat_us) {
     std::sort(lat_us.begin(), lat_us.end());
     auto pct = [&](double q) {
       return lat_us[static_cast<std::size_t>(q * static_cast<double>(lat_us.size() - 1))];
     };
-    double moved = static_cast<double>(size) * o.batch * iters;
-    Row r{op,           size,
-          o.batch,      o.concurrency,
-          iters,        pct(0.5),
-          pct(0.99),    moved / secs / 1e6,
-          iters / secs, verify(op, size)};
-    if (!r.verified)
-      throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
-    return r;
+    double moved = static_cast<double>(size) * batch * iters;
+    return Row{op,           size,     batch,     concurrency,
+               iters,        pct(0.5), pct(0.99), moved / secs / 1e6,
+               iters / secs, true};
   }
 };
 
@@ -324,7 +396,7 @@ std::vector<std::string> split(const std::string& s) {
 int run_initiator(const BenchOptions& o, const std::string& address) {
   std::vector<std::string> ops = split(o.op);
   for (const auto& op : ops) {
-    if (op != "write" && op != "read" && op != "write_imm" && op != "send") {
+    if (op != "write" && op != "read" && op != "write_imm" && op != "send" && op != "pingpong") {
       throw Error(ErrorCode::kInvalidArgument, "--op: unknown operation '" + op + "'");
     }
   }
@@ -338,6 +410,7 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   uint64_t bytes = largest * static_cast<uint64_t>(o.batch) * static_cast<uint64_t>(o.concurrency);
   bytes = std::min<uint64_t>(
       bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
+  bytes = std::max<uint64_t>(bytes, 2 * largest);  // ping-pong's receive and send areas
 
   Engine engine(engine_config(o, ""));
   Peer peer = engine.connect(address);
@@ -349,8 +422,9 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
   Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
 
-  Initiator ini{o,  peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
-                {}, {},   mail};
+  Initiator ini{
+      o,  engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
+      {}, {},     mail};
   ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
   ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
   fill(ini.buf.data(), bytes, 7);

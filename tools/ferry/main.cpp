@@ -62,7 +62,10 @@ int run(int argc, char** argv) {
   b->add_option("--listen", bench.listen,
                 "Run as the target, accepting one initiator on HOST:PORT");
   b->add_option("--connect", bench.connect, "Run as the initiator against a target at HOST:PORT");
-  b->add_option("--op", bench.op, "Comma-separated operations: write, read, write_imm, send");
+  b->add_option(
+      "--op", bench.op,
+      "Comma-separated operations: write, read, write_imm, send, pingpong (half the round "
+      "trip of answered writes, as ib_write_lat)");
   b->add_option("--sizes", bench.sizes, "Transfer sizes in bytes (default 4K..64M, x4 steps)")
       ->delimiter(',');
   b->add_option("--batch", bench.batch, "Entries per operation");

@@ -78,6 +78,7 @@ std::vector<DeviceInfo> discover(const VerbsApi& api, std::string& why) {
       dev.max_qp_wr = attr.max_qp_wr;
       dev.max_sge = attr.max_sge;
       dev.max_qp_rd_atom = attr.max_qp_rd_atom;
+      dev.max_srq_wr = attr.max_srq_wr;
       for (uint8_t p = 1; p <= attr.phys_port_cnt; ++p) {
         ibv_port_attr pa{};
         if (api.query_port(ctx, p, reinterpret_cast<_compat_ibv_port_attr*>(&pa)) != 0) continue;

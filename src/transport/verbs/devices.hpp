@@ -31,6 +31,7 @@ struct DeviceInfo {
   int max_qp_wr = 0;
   int max_sge = 0;
   int max_qp_rd_atom = 0;
+  int max_srq_wr = 0;
   std::vector<PortInfo> ports;
 };
 

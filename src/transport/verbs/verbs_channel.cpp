@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/bytes.hpp"
 #include "core/crypto.hpp"
@@ -18,8 +19,6 @@ namespace {
 // Send queue depth per queue pair: enough to keep a 1 MiB-sliced stream busy while completions
 // come back; capped by the device.
 constexpr int kSendDepth = 256;
-// Receives kept posted per queue pair for WRITE_WITH_IMM notifications.
-constexpr int kRecvDepth = 64;
 // Work requests chained into one ibv_post_send (one doorbell); the last one is signaled, so this
 // is also the longest run of unsignaled requests. Chains of 16-32 reached line rate in the
 // anchors' measurements (shared/field-notes.md).
@@ -29,16 +28,18 @@ constexpr uint32_t kWantedInline = 64;
 constexpr int kMaxReadsInFlight = 16;
 constexpr int kPollBatch = 32;
 
-enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrRecv = 3 };
+enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2 };
 uint64_t wr_id(WrKind kind, int lane) {
   return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(lane) << 48);
 }
-WrKind kind_of(uint64_t id) { return static_cast<WrKind>(id >> 56); }
 int lane_of(uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
 
 std::string modify_error(const char* step, int rc) {
   return std::string("ibv_modify_qp ") + step + ": " + std::strerror(rc);
 }
+
+// The channel whose completion queue this thread is polling, if any.
+thread_local const void* polling_channel = nullptr;
 }  // namespace
 
 struct VerbsChannel::Lane {
@@ -46,7 +47,7 @@ struct VerbsChannel::Lane {
     OpState* op = nullptr;
     uint32_t slices = 0;  // op slices this completion accounts for
     uint32_t wrs = 0;     // send-queue slots it frees
-    bool imm = false;     // the trailing WRITE_WITH_IMM of an op
+    bool imm = false;     // carried the op's immediate: the op is complete, nothing follows
   };
   ibv_qp* qp = nullptr;
   std::mutex mu;
@@ -112,9 +113,11 @@ Status VerbsAddress::decode(std::span<const uint8_t> bytes, VerbsAddress& out) {
 
 std::shared_ptr<VerbsChannel> VerbsChannel::create(Host& host, VerbsDevice& device,
                                                    std::shared_ptr<PeerLink> link, int qps,
+                                                   std::chrono::nanoseconds busy_poll,
                                                    std::function<void(const Status&)> on_closed) {
   std::shared_ptr<VerbsChannel> ch(
       new VerbsChannel(host, device, std::move(link), std::move(on_closed)));
+  ch->busy_poll_ = busy_poll;
   if (Status s = ch->init(qps); !s.ok()) throw Error(s);
   return ch;
 }
@@ -135,20 +138,22 @@ Status VerbsChannel::init(int qps) {
   comp_ = api_.create_comp_channel(dev_.context());
   if (comp_ == nullptr)
     return {ErrorCode::kSystem, std::string("ibv_create_comp_channel: ") + std::strerror(errno)};
-  cq_size_ = qps * (send_depth + kRecvDepth + 2);
-  cq_ = api_.create_cq(dev_.context(), cq_size_, this, comp_, 0);
-  if (cq_ == nullptr)
+  // Every send request may be signaled; receives are bounded by the shared queue's depth.
+  send_cq_ = api_.create_cq(dev_.context(), qps * send_depth, this, comp_, 0);
+  if (send_cq_ == nullptr)
+    return {ErrorCode::kSystem, std::string("ibv_create_cq: ") + std::strerror(errno)};
+  recv_cq_ = api_.create_cq(dev_.context(), dev_.srq_depth(), this, comp_, 0);
+  if (recv_cq_ == nullptr)
     return {ErrorCode::kSystem, std::string("ibv_create_cq: ") + std::strerror(errno)};
   psn_ = static_cast<uint32_t>(core::random_u64()) & 0xffffff;
   for (int i = 0; i < qps; ++i) {
     auto lane = std::make_unique<Lane>();
     ibv_qp_init_attr attr{};
-    attr.send_cq = cq_;
-    attr.recv_cq = cq_;
+    attr.send_cq = send_cq_;
+    attr.recv_cq = recv_cq_;
+    attr.srq = dev_.srq();
     attr.cap.max_send_wr = static_cast<uint32_t>(send_depth);
-    attr.cap.max_recv_wr = kRecvDepth + 1;  // + the drain marker
     attr.cap.max_send_sge = 1;
-    attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = kWantedInline;
     attr.qp_type = IBV_QPT_RC;
     lane->qp = api_.create_qp(dev_.pd(), &attr);
@@ -169,30 +174,18 @@ Status VerbsChannel::init(int qps) {
     int rc = api_.modify_qp(lane->qp, &a,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (rc != 0) return {ErrorCode::kSystem, modify_error("RESET->INIT", rc)};
-    for (int r = 0; r < kRecvDepth; ++r) {
-      ibv_recv_wr wr{};
-      wr.wr_id = wr_id(kWrRecv, i);
-      ibv_recv_wr* bad = nullptr;
-      if (int prc = ibv_post_recv(lane->qp, &wr, &bad); prc != 0) {
-        return {ErrorCode::kSystem, std::string("ibv_post_recv: ") + std::strerror(prc)};
-      }
-    }
     lanes_.push_back(std::move(lane));
   }
   return {};
 }
 
 VerbsChannel::~VerbsChannel() {
+  link_->pool->clear_progress(this);
   destroy_queue_pairs();
-  if (cq_ != nullptr) {
-    // ibv_destroy_cq waits until every completion event was acknowledged.
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    unsigned events = 0;
-    while (comp_ != nullptr && registered_ && api_.get_cq_event(comp_, &cq, &ctx) == 0) ++events;
-    if (events > 0) api_.ack_cq_events(cq_, events);
-    api_.destroy_cq(cq_);
-  }
+  // ibv_destroy_cq waits until every completion event was acknowledged.
+  if (registered_) ack_events();
+  if (send_cq_ != nullptr) api_.destroy_cq(send_cq_);
+  if (recv_cq_ != nullptr) api_.destroy_cq(recv_cq_);
   if (comp_ != nullptr) api_.destroy_comp_channel(comp_);
 }
 
@@ -244,8 +237,10 @@ Status VerbsChannel::connect(const VerbsAddress& remote) {
   }
   int flags = fcntl(comp_->fd, F_GETFL);
   fcntl(comp_->fd, F_SETFL, flags | O_NONBLOCK);
-  if (int rc = ibv_req_notify_cq(cq_, 0); rc != 0) {
-    return {ErrorCode::kSystem, std::string("ibv_req_notify_cq: ") + std::strerror(rc)};
+  for (ibv_cq* cq : {send_cq_, recv_cq_}) {
+    if (int rc = ibv_req_notify_cq(cq, 0); rc != 0) {
+      return {ErrorCode::kSystem, std::string("ibv_req_notify_cq: ") + std::strerror(rc)};
+    }
   }
   loop_ = host_.reactor().pick_loop();
   keep_alive_ = shared_from_this();
@@ -254,6 +249,7 @@ Status VerbsChannel::connect(const VerbsAddress& remote) {
     return s;
   }
   registered_ = true;
+  link_->pool->set_progress(this);
   return {};
 }
 
@@ -279,6 +275,13 @@ PostResult VerbsChannel::post(OpState* op) {
     pump_locked(lane, index);
     if (lane.head != nullptr) result = PostResult::kQueued;
   }
+  // Small operations count on their waiter to poll; a large one may run for long with nobody
+  // polling, and its completions drive the rest of its slices: let them wake the progress
+  // thread (the cost of arming is nothing beside the transfer).
+  if (op->lane_count > 1) {
+    spin_begin();
+    spin_end();
+  }
   return result;
 }
 
@@ -299,6 +302,7 @@ void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
   }
   --lane.sq_free;
   lane.signaled.push_back({op, 1, 1, true});
+  outstanding_.fetch_add(1);
 }
 
 void VerbsChannel::pump_locked(Lane& lane, int index) {
@@ -343,9 +347,17 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     --c.remaining;
     advance(*op, c, static_cast<uint64_t>(op->lane_count));
     bool op_done_here = c.remaining == 0;
+    // On one queue pair the target sees the immediate only after every earlier write landed
+    // (RC order), so an unstriped op carries it on its last slice. Striped ops send it once all
+    // lanes completed.
+    bool carries_imm = op_done_here && op->with_imm && op->lane_count == 1;
+    if (carries_imm) {
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.imm_data = htonl(op->imm);
+    }
     if (op_done_here || n == budget) {
       wr.send_flags |= IBV_SEND_SIGNALED;
-      records[nrec++] = {op, run_slices, run_slices, false};  // one request per slice
+      records[nrec++] = {op, run_slices, run_slices, carries_imm};  // one request per slice
       run_slices = 0;
     }
     if (op_done_here) {
@@ -361,6 +373,7 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
   }
   lane.sq_free -= n;
   for (int r = 0; r < nrec; ++r) lane.signaled.push_back(records[r]);
+  outstanding_.fetch_add(nrec);
 }
 
 void VerbsChannel::fail_post(Lane& lane, int index, int err) {
@@ -388,32 +401,96 @@ Status VerbsChannel::error_of(const ibv_wc& wc) const {
   }
 }
 
-void VerbsChannel::on_event(uint32_t) {
-  ibv_cq* cq = nullptr;
-  void* ctx = nullptr;
-  unsigned events = 0;
-  while (api_.get_cq_event(comp_, &cq, &ctx) == 0) ++events;
-  if (events > 0) api_.ack_cq_events(cq_, events);
-  if (quiesced_.load()) return;
-  ibv_req_notify_cq(cq_, 0);
-  poll_completions();
+bool VerbsChannel::try_lock_polling() {
+  if (polling_.exchange(true, std::memory_order_acquire)) return false;
+  polling_channel = this;
+  return true;
 }
 
-void VerbsChannel::poll_completions() {
-  ibv_wc wcs[kPollBatch];
-  for (;;) {
-    int n = ibv_poll_cq(cq_, kPollBatch, wcs);
-    if (n <= 0) break;
-    for (int i = 0; i < n; ++i) {
-      // By our own tag: a completion's opcode is undefined when its status is an error.
-      WrKind kind = kind_of(wcs[i].wr_id);
-      if (kind == kWrRecv) {
-        handle_recv_completion(wcs[i]);
-      } else {
-        handle_send_completion(wcs[i]);
-      }
-    }
+void VerbsChannel::lock_polling() {
+  while (!try_lock_polling()) std::this_thread::yield();  // a caller's poll is short
+}
+
+void VerbsChannel::unlock_polling() {
+  polling_channel = nullptr;
+  polling_.store(false, std::memory_order_release);
+}
+
+bool VerbsChannel::polling_on_this_thread() const { return polling_channel == this; }
+
+void VerbsChannel::progress() {
+  // Holding a reference: a completion callback may drop the last other one.
+  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
+  if (!self || polling_on_this_thread() || !try_lock_polling()) return;
+  if (!quiesced_.load()) poll_send();
+  unlock_polling();
+}
+
+void VerbsChannel::spin_end() {
+  if (spinners_.fetch_sub(1) != 1) return;
+  // The last spinner: completions still to come must wake the progress thread. (A thread that
+  // holds the polling right, a callback waiting inside a poll, leaves this to that poll.)
+  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
+  if (!self || polling_on_this_thread()) return;
+  lock_polling();
+  poll_and_arm_locked();
+  unlock_polling();
+}
+
+void VerbsChannel::poll_and_arm_locked() {
+  if (quiesced_.load()) return;
+  poll_send();
+  if (spinners_.load() == 0 && outstanding_.load() > 0) {
+    ibv_req_notify_cq(send_cq_, 0);
+    poll_send();
   }
+}
+
+void VerbsChannel::ack_events() {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  while (api_.get_cq_event(comp_, &cq, &ctx) == 0) api_.ack_cq_events(cq, 1);
+}
+
+void VerbsChannel::on_event(uint32_t) {
+  ack_events();
+  if (quiesced_.load()) return;
+  // Receives: always armed, always handled here.
+  ibv_req_notify_cq(recv_cq_, 0);
+  poll_recv();
+  lock_polling();
+  poll_and_arm_locked();
+  // Busy: keep polling until `busy_poll` passed without a completion.
+  auto last = std::chrono::steady_clock::now();
+  while (busy_poll_.count() > 0 && !quiesced_.load() &&
+         std::chrono::steady_clock::now() - last < busy_poll_) {
+    if (poll_send() + poll_recv() > 0) last = std::chrono::steady_clock::now();
+  }
+  unlock_polling();
+}
+
+int VerbsChannel::poll_recv() {
+  ibv_wc wcs[kPollBatch];
+  int handled = 0;
+  for (;;) {
+    int n = ibv_poll_cq(recv_cq_, kPollBatch, wcs);
+    if (n <= 0) break;
+    handled += n;
+    for (int i = 0; i < n; ++i) handle_recv_completion(wcs[i]);
+  }
+  return handled;
+}
+
+int VerbsChannel::poll_send() {
+  ibv_wc wcs[kPollBatch];
+  int handled = 0;
+  for (;;) {
+    int n = ibv_poll_cq(send_cq_, kPollBatch, wcs);
+    if (n <= 0) break;
+    handled += n;
+    for (int i = 0; i < n; ++i) handle_send_completion(wcs[i]);
+  }
+  return handled;
 }
 
 void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
@@ -440,6 +517,7 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
     lane.signaled.pop_front();
     lane.sq_free += static_cast<int>(rec.wrs);
   }
+  outstanding_.fetch_sub(1);
   OpState* op = rec.op;
   if (op->finish_slices(static_cast<int64_t>(rec.slices))) {
     bool notify = op->with_imm && !rec.imm;
@@ -467,21 +545,19 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
 }
 
 void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
-  int index = lane_of(wc.wr_id);
-  if (index >= lanes()) return;
+  // The receive came off the shared queue, whatever its status: put one back.
+  Status reposted = dev_.repost_srq(1);
   if (wc.status != IBV_WC_SUCCESS) {
     if (!closing_.load()) close(error_of(wc));
+    return;
+  }
+  if (!reposted.ok()) {
+    close(reposted);
     return;
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     host_.deliver_imm(link_->remote_engine_id, ntohl(wc.imm_data));
   }
-  Lane& lane = *lanes_[static_cast<std::size_t>(index)];
-  ibv_recv_wr wr{};
-  wr.wr_id = wr_id(kWrRecv, index);
-  ibv_recv_wr* bad = nullptr;
-  std::lock_guard lock(lane.mu);
-  if (!lane.dead && ibv_post_recv(lane.qp, &wr, &bad) != 0) lane.dead = true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -515,11 +591,18 @@ void VerbsChannel::destroy_queue_pairs() {
     if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
     lane->qp = nullptr;
   }
+  outstanding_.store(0);
 }
 
 void VerbsChannel::quiesce() {
-  if (quiesced_.exchange(true)) return;
-  destroy_queue_pairs();
+  // No caller may be handling completions while the queue pairs go (a callback that shuts the
+  // engine down from inside a poll already holds the right).
+  bool held_here = polling_on_this_thread();
+  if (!held_here) lock_polling();
+  bool already = quiesced_.exchange(true);
+  if (!already) destroy_queue_pairs();
+  if (!held_here) unlock_polling();
+  if (already) return;
   host_.reactor().remove(loop_, comp_->fd);
   Status reason;
   {

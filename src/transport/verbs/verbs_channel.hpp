@@ -1,9 +1,15 @@
 // Verbs RC transport: one-sided WRITE / READ / WRITE_WITH_IMM over reliable-connected queue
 // pairs ("lanes"), posted from the caller's thread in chains (one ibv_post_send per lane per
-// batch), selectively signaled, completed by the progress thread from the completion channel.
+// batch), selectively signaled. Send completions go to a queue that waiting callers poll
+// (Future::wait spins on it); it wakes the progress thread through the completion channel only
+// when no caller spins and completions are outstanding, since each wake-up costs more than the
+// round trip of a small write. WRITE_WITH_IMM receives come from the device's shared receive
+// queue into a second queue that the progress thread always handles. The progress thread keeps
+// polling for `busy_poll` after the last completion before it sleeps again.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -33,12 +39,14 @@ struct VerbsAddress {
 };
 
 class VerbsChannel final : public Channel,
+                           public ProgressSource,
                            public core::Reactor::Handler,
                            public std::enable_shared_from_this<VerbsChannel> {
  public:
   // Creates the completion queue and `qps` queue pairs in INIT; connect() finishes the set-up.
   static std::shared_ptr<VerbsChannel> create(Host& host, VerbsDevice& device,
                                               std::shared_ptr<PeerLink> link, int qps,
+                                              std::chrono::nanoseconds busy_poll,
                                               std::function<void(const Status&)> on_closed);
   ~VerbsChannel() override;
 
@@ -55,6 +63,10 @@ class VerbsChannel final : public Channel,
   void stop_after_reactor();
 
   void on_event(uint32_t events) override;
+  // ProgressSource: polls the send completion queue unless another thread is polling it.
+  void progress() override;
+  void spin_begin() override { spinners_.fetch_add(1); }
+  void spin_end() override;
 
  private:
   struct Lane;
@@ -63,7 +75,21 @@ class VerbsChannel final : public Channel,
   Status init(int qps);
   void pump_locked(Lane& lane, int index);
   void post_imm_locked(Lane& lane, int index, OpState* op);
-  void poll_completions();
+  // Completions handled.
+  int poll_send();
+  int poll_recv();
+  // With the polling right held: polls the send queue and, unless a caller spins, arms it for
+  // an event if completions are outstanding (and polls again: one that landed before the arm
+  // raises no event).
+  void poll_and_arm_locked();
+  // Acknowledges every pending completion-channel event.
+  void ack_events();
+  // Serialises completion-queue polling (callers and the progress thread): completions of one
+  // queue pair are handled in order. A wait inside a completion callback does not poll.
+  bool try_lock_polling();
+  void lock_polling();
+  void unlock_polling();
+  bool polling_on_this_thread() const;
   void handle_send_completion(const ibv_wc& wc);
   void handle_recv_completion(const ibv_wc& wc);
   void fail_post(Lane& lane, int index, int err);
@@ -78,14 +104,18 @@ class VerbsChannel final : public Channel,
   std::shared_ptr<PeerLink> link_;
   std::function<void(const Status&)> on_closed_;
   ibv_comp_channel* comp_ = nullptr;
-  ibv_cq* cq_ = nullptr;
-  int cq_size_ = 0;
+  ibv_cq* send_cq_ = nullptr;
+  ibv_cq* recv_cq_ = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes_;
   uint32_t psn_ = 0;
   uint32_t max_inline_ = 0;
   int loop_ = 0;
   bool registered_ = false;
   std::shared_ptr<VerbsChannel> keep_alive_;  // while registered with the reactor
+  std::chrono::nanoseconds busy_poll_{0};
+  std::atomic<bool> polling_{false};
+  std::atomic<int> spinners_{0};         // callers polling the send queue
+  std::atomic<int64_t> outstanding_{0};  // signaled work requests not yet completed
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};

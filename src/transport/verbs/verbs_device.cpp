@@ -1,5 +1,6 @@
 #include "transport/verbs/verbs_device.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -7,6 +8,10 @@ namespace ferry::transport::verbs {
 
 namespace {
 uint32_t slot_of(uint32_t region_id) { return region_id & (RegionTable::kMaxRegions - 1); }
+// Receives kept posted on the shared receive queue: the WRITE_WITH_IMM notifications of all
+// peers that can be in flight before the progress thread reposts (rnr_retry covers a burst
+// beyond it); capped by the device.
+constexpr int kSrqDepth = 4096;
 }  // namespace
 
 std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std::string& why) {
@@ -72,6 +77,20 @@ std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std:
   dev->mtu_ = pa.active_mtu;
   dev->relaxed_ordering_ = api->reg_mr_iova2 != nullptr;
   dev->mrs_.reset(new std::atomic<ibv_mr*>[RegionTable::kMaxRegions]());
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = static_cast<uint32_t>(
+      std::min(kSrqDepth, chosen_dev->max_srq_wr > 0 ? chosen_dev->max_srq_wr : kSrqDepth));
+  sa.attr.max_sge = 1;
+  dev->srq_ = api->create_srq(dev->pd_, &sa);
+  if (dev->srq_ == nullptr) {
+    why = "ibv_create_srq " + dev->name_ + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  dev->srq_depth_ = static_cast<int>(sa.attr.max_wr);
+  if (Status s = dev->repost_srq(dev->srq_depth_); !s.ok()) {
+    why = s.message();
+    return nullptr;
+  }
   return dev;
 }
 
@@ -81,6 +100,7 @@ VerbsDevice::~VerbsDevice() {
       if (ibv_mr* mr = mrs_[i].load()) api_->dereg_mr(mr);
     }
   }
+  if (srq_ != nullptr) api_->destroy_srq(srq_);
   if (pd_ != nullptr) api_->dealloc_pd(pd_);
   if (ctx_ != nullptr) api_->close_device(ctx_);
 }
@@ -113,6 +133,18 @@ Status VerbsDevice::register_region(uint32_t region_id, uint8_t* base, uint64_t 
 
 void VerbsDevice::deregister_region(uint32_t region_id) {
   if (ibv_mr* mr = mrs_[slot_of(region_id)].exchange(nullptr)) api_->dereg_mr(mr);
+}
+
+Status VerbsDevice::repost_srq(int count) {
+  for (int i = 0; i < count; ++i) {
+    ibv_recv_wr wr{};
+    wr.wr_id = kSrqWrId;
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = ibv_post_srq_recv(srq_, &wr, &bad); rc != 0) {
+      return {ErrorCode::kSystem, "ibv_post_srq_recv " + name_ + ": " + std::strerror(rc)};
+    }
+  }
+  return {};
 }
 
 uint32_t VerbsDevice::lkey(uint32_t region_id) const {

@@ -34,6 +34,13 @@ class VerbsDevice final : public Transport {
   // The local key of a registered region, for scatter/gather entries; 0 if unknown.
   uint32_t lkey(uint32_t region_id) const;
 
+  // The shared receive queue every queue pair of the device takes WRITE_WITH_IMM receives from
+  // (zero-length: the immediate is all they carry), kept full: whoever consumes one posts one.
+  ibv_srq* srq() const { return srq_; }
+  int srq_depth() const { return srq_depth_; }
+  static constexpr uint64_t kSrqWrId = 3ull << 56;
+  Status repost_srq(int count);
+
   const VerbsApi& api() const { return *api_; }
   ibv_context* context() const { return ctx_; }
   ibv_pd* pd() const { return pd_; }
@@ -60,6 +67,8 @@ class VerbsDevice final : public Transport {
   int max_qp_wr_ = 0;
   int max_rd_atomic_ = 1;
   bool relaxed_ordering_ = false;
+  ibv_srq* srq_ = nullptr;
+  int srq_depth_ = 0;
   std::unique_ptr<std::atomic<ibv_mr*>[]> mrs_;  // by region slot
 };
 
