@@ -50,11 +50,13 @@ Status Future::status() const {
 Status Future::wait(Duration timeout) const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
   detail::OpState* op = op_;
-  auto deadline = Clock::now() + timeout;
+  if (op->done.load(std::memory_order_acquire)) return op->status;
+  auto start = Clock::now();
   // A short spin catches completions that arrive within a few microseconds without a sleep;
   // where the peer's channel lets callers poll (verbs), the spin polls its completion queue.
-  op->pool->spin(*op, std::chrono::nanoseconds(std::min(op->spin_ns, timeout.count())));
+  op->pool->spin(*op, start + std::chrono::nanoseconds(std::min(op->spin_ns, timeout.count())));
   if (!op->done.load(std::memory_order_acquire)) {
+    auto deadline = start + timeout;
     std::unique_lock lock(op->mu);
     if (!op->cv.wait_until(lock, deadline,
                            [op] { return op->done.load(std::memory_order_acquire); })) {
@@ -71,19 +73,16 @@ uint64_t Future::bytes() const {
 void Future::then(std::function<void(const Status&)> fn) const {
   if (op_ == nullptr || !fn) return;
   detail::OpState* op = op_;
-  bool stored = false;
   {
-    std::lock_guard lock(op->mu);
-    if (!op->done.load(std::memory_order_acquire)) {
-      op->callback = std::move(fn);
-      stored = true;
+    std::unique_lock lock(op->mu);
+    if (op->done.load(std::memory_order_acquire)) {
+      lock.unlock();
+      fn(op->status);
+      return;
     }
+    op->callback = std::move(fn);
   }
-  if (stored) {
-    op->pool->unwatched();  // the callback must run without a waiter polling
-    return;
-  }
-  fn(op->status);
+  op->pool->unwatched();  // the callback must run without a waiter polling
 }
 
 }  // namespace ferry

@@ -171,27 +171,20 @@ void OpPool::progress() {
   with_progress([](ProgressSource& s) { s.progress(); });
 }
 
-void OpPool::spin(const OpState& op, std::chrono::nanoseconds spin) {
-  auto done = [&op] { return op.done.load(std::memory_order_acquire); };
-  auto until = std::chrono::steady_clock::now() + spin;
+void OpPool::spin(const OpState& op, std::chrono::steady_clock::time_point until) {
   bool polled = false;
   with_progress([&](ProgressSource& s) {
     polled = true;
-    s.spin_begin();
-    while (!done() && std::chrono::steady_clock::now() < until) s.progress();
-    s.spin_end();
+    s.spin(op.done, until);
   });
   if (!polled) {
-    while (!done() && std::chrono::steady_clock::now() < until) {
+    while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
     }
   }
 }
 
 void OpPool::unwatched() {
-  with_progress([](ProgressSource& s) {
-    s.spin_begin();
-    s.spin_end();
-  });
+  with_progress([](ProgressSource& s) { s.unwatched(); });
 }
 
 void OpPool::set_progress(ProgressSource* source) { progress_.store(source); }

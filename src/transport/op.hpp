@@ -47,13 +47,16 @@ class OpPool;
 
 // Something a waiting caller may drive instead of sleeping: a verbs channel polls its completion
 // queue. Runs completions (and their callbacks) on the caller's thread. While callers spin, the
-// source need not wake a progress thread for completions; spin_end() (the last spinner gone,
-// or an op left unwatched) makes sure one will.
+// source need not wake a progress thread for completions; once none spins, or an op is left
+// unwatched, it makes sure one will.
 class ProgressSource {
  public:
+  // Polls once.
   virtual void progress() = 0;
-  virtual void spin_begin() = 0;
-  virtual void spin_end() = 0;
+  // Polls until `done` or `until`.
+  virtual void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until) = 0;
+  // An incomplete op is no longer watched: its completion must wake a progress thread.
+  virtual void unwatched() = 0;
 
  protected:
   ~ProgressSource() = default;
@@ -168,8 +171,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   void set_progress(ProgressSource* source);
   void clear_progress(ProgressSource* source);
   void progress();
-  // Polls while `op` is incomplete, up to `spin`.
-  void spin(const OpState& op, std::chrono::nanoseconds spin);
+  // Polls while `op` is incomplete, up to `until`.
+  void spin(const OpState& op, std::chrono::steady_clock::time_point until);
   // Nobody watches an incomplete op any more (a callback was attached, or its last Future
   // went): completions must wake a progress thread.
   void unwatched();

@@ -67,6 +67,79 @@ TEST_F(Verbs, WriteWithImmArrivesAfterEveryByte) {
   expect_imm_after_every_byte(p, 4 << 20, 0x5000);  // striped over both queue pairs
 }
 
+TEST_F(Verbs, UnstripedWriteWithImmCarriesTheImmediate) {
+  expect_imm_after_every_byte(p, 4096, 0x6000);  // the immediate rides on the last slice
+}
+
+// Completions that no caller polls for: the send queue must wake the progress thread for them.
+TEST_F(Verbs, CompletionsWithoutAWaiter) {
+  constexpr int kOps = 64;
+  constexpr uint64_t kSize = 256;
+  Buffer local(p.initiator, kOps * kSize, Access::kLocal, 14);
+  Buffer remote(p.target, kOps * kSize, Access::kRemoteWrite, 15);
+  Descriptor d = remote.region.descriptor();
+  auto transfer = [&](int i) {
+    uint64_t off = static_cast<uint64_t>(i) * kSize;
+    return Transfer{&local.region, off, &d, off, kSize};
+  };
+
+  // A waited write first: its waiter polls, so afterwards no completion event is armed.
+  Transfer first = transfer(0);
+  ASSERT_TRUE(p.peer.write({&first, 1}).wait(kWait).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+
+  // Callbacks only: no wait(), no test(); the futures stay alive meanwhile.
+  std::atomic<int> called{0}, succeeded{0};
+  std::vector<Future> watched;
+  for (int i = 0; i < kOps; ++i) {
+    Transfer t = transfer(i);
+    watched.push_back(p.peer.write({&t, 1}));
+    watched.back().then([&](const Status& s) {
+      succeeded += s.ok() ? 1 : 0;
+      ++called;
+    });
+  }
+  auto deadline = Clock::now() + kWait;
+  while (called.load() < kOps && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(called.load(), kOps);
+  EXPECT_EQ(succeeded.load(), kOps);
+  EXPECT_EQ(local.bytes, remote.bytes);
+
+  // Futures kept but never waited for: deregistering their source waits for them, which needs
+  // their completions handled.
+  fill_pattern(local.bytes, 16);
+  std::vector<Future> kept;
+  for (int i = 0; i < kOps; ++i) {
+    Transfer t = transfer(i);
+    kept.push_back(p.peer.write({&t, 1}));
+  }
+  local.region.deregister();
+  for (const Future& f : kept) {
+    ASSERT_TRUE(f.test());
+    EXPECT_TRUE(f.status().ok()) << f.status().to_string();
+  }
+  EXPECT_EQ(local.bytes, remote.bytes);
+}
+
+// Waiters that sleep at once (no spin) are woken through the completion channel.
+TEST(VerbsNoSpin, SleepingWaitersAreWoken) {
+  Config c = test_config();
+  c.wait_spin = std::chrono::microseconds(0);
+  Pair q(c, c);
+  ASSERT_EQ(q.peer.transport(), TransportKind::kVerbs);
+  Buffer local(q.initiator, 4096, Access::kLocal, 17);
+  Buffer remote(q.target, 4096, Access::kRemoteReadWrite, 18);
+  Descriptor d = remote.region.descriptor();
+  for (int i = 0; i < 200; ++i) {
+    Transfer t{&local.region, static_cast<uint64_t>(i), &d, static_cast<uint64_t>(i * 7), 64};
+    Status s = (i % 2 == 0 ? q.peer.write({&t, 1}) : q.peer.read({&t, 1})).wait(kWait);
+    ASSERT_TRUE(s.ok()) << i << ": " << s.to_string();
+    ASSERT_EQ(0, std::memcmp(local.bytes.data() + i, remote.bytes.data() + i * 7, 64)) << i;
+  }
+}
+
 TEST_F(Verbs, ConcurrentThreadsAndMessages) {
   constexpr int kThreads = 3;
   constexpr uint64_t kSlot = 512 << 10;

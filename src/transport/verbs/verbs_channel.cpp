@@ -43,11 +43,12 @@ thread_local const void* polling_channel = nullptr;
 }  // namespace
 
 struct VerbsChannel::Lane {
+  // No member initialisers: pump_locked keeps an array of these on the stack per post.
   struct Signaled {
-    OpState* op = nullptr;
-    uint32_t slices = 0;  // op slices this completion accounts for
-    uint32_t wrs = 0;     // send-queue slots it frees
-    bool imm = false;     // carried the op's immediate: the op is complete, nothing follows
+    OpState* op;
+    uint32_t slices;  // op slices this completion accounts for
+    uint32_t wrs;     // send-queue slots it frees
+    bool imm;         // carried the op's immediate: the op is complete, nothing follows
   };
   ibv_qp* qp = nullptr;
   std::mutex mu;
@@ -278,10 +279,7 @@ PostResult VerbsChannel::post(OpState* op) {
   // Small operations count on their waiter to poll; a large one may run for long with nobody
   // polling, and its completions drive the rest of its slices: let them wake the progress
   // thread (the cost of arming is nothing beside the transfer).
-  if (op->lane_count > 1) {
-    spin_begin();
-    spin_end();
-  }
+  if (op->lane_count > 1) unwatched();
   return result;
 }
 
@@ -426,12 +424,38 @@ void VerbsChannel::progress() {
   unlock_polling();
 }
 
-void VerbsChannel::spin_end() {
+void VerbsChannel::spin(const std::atomic<bool>& done,
+                        std::chrono::steady_clock::time_point until) {
+  // Holding a reference: a completion callback may drop the last other one.
+  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
+  if (!self) return;
+  spinners_.fetch_add(1);
+  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
+  bool nested = polling_on_this_thread();
+  for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
+    if (!nested && try_lock_polling()) {
+      if (!quiesced_.load(std::memory_order_relaxed)) poll_send();
+      unlock_polling();
+    }
+    // The clock every few polls: under emulation a clock read costs as much as a poll.
+    if (i % 8 == 7 && std::chrono::steady_clock::now() >= until) break;
+  }
+  leave_spin();
+}
+
+void VerbsChannel::unwatched() {
+  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
+  if (!self) return;
+  spinners_.fetch_add(1);
+  leave_spin();
+}
+
+void VerbsChannel::leave_spin() {
   if (spinners_.fetch_sub(1) != 1) return;
   // The last spinner: completions still to come must wake the progress thread. (A thread that
-  // holds the polling right, a callback waiting inside a poll, leaves this to that poll.)
-  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
-  if (!self || polling_on_this_thread()) return;
+  // holds the polling right, a callback waiting inside a poll, leaves this to that poll; an op
+  // posted after the check below has a waiter of its own, or arms as a large op does.)
+  if (outstanding_.load() == 0 || polling_on_this_thread()) return;
   lock_polling();
   poll_and_arm_locked();
   unlock_polling();
@@ -509,7 +533,7 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
     close(s);
     return;
   }
-  Lane::Signaled rec;
+  Lane::Signaled rec{};
   {
     std::lock_guard lock(lane.mu);
     if (lane.signaled.empty()) return;

@@ -65,8 +65,8 @@ class VerbsChannel final : public Channel,
   void on_event(uint32_t events) override;
   // ProgressSource: polls the send completion queue unless another thread is polling it.
   void progress() override;
-  void spin_begin() override { spinners_.fetch_add(1); }
-  void spin_end() override;
+  void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until) override;
+  void unwatched() override;
 
  private:
   struct Lane;
@@ -90,6 +90,8 @@ class VerbsChannel final : public Channel,
   void lock_polling();
   void unlock_polling();
   bool polling_on_this_thread() const;
+  // A spinner leaves; the last one arms the send queue if completions are outstanding.
+  void leave_spin();
   void handle_send_completion(const ibv_wc& wc);
   void handle_recv_completion(const ibv_wc& wc);
   void fail_post(Lane& lane, int index, int err);
