@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma bench-rdma \
+.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma test-rdma-sanitized bench-rdma \
         check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -18,9 +18,9 @@ build: deps
 run: build
 	./build/release/tools/ferry bench
 
-test: deps check-layers test-release tidy test-rdma test-asan test-tsan test-fuzz
-	@echo "all test suites passed (layers, release, clang-tidy, soft-roce guest, asan+ubsan, tsan, fuzz)"
-	@echo "suites: 7 passed, 0 failed"
+test: deps check-layers test-release tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
+	@echo "all test suites passed (layers, release, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan guest, fuzz)"
+	@echo "suites: 8 passed, 0 failed"
 
 test-release: deps
 	cmake --preset release >/dev/null
@@ -54,6 +54,17 @@ test-rdma: deps
 	  --bin build/release/tools/ferry --bin build/release/tests/ferry_unit_tests \
 	  --bin build/release/tests/ferry_verbs_tests --bin build/release/tests/ferry_integration_tests \
 	  --bin build/release/tests/ferry_test_target
+
+# The verbs suite built with ASan+UBSan, in the guest (after test-asan built it): the verbs
+# data path exists only there. (TSan there found a rare use-after-free on a reactor handler at
+# teardown, not yet explained; it joins this suite once fixed.)
+test-rdma-sanitized: deps
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS) --target ferry_verbs_tests
+	mkdir -p build/rdma-guest/sanitized
+	cp build/asan/tests/ferry_verbs_tests build/rdma-guest/sanitized/ferry_verbs_tests_asan
+	bash tests/rdma/run-guest.sh --tests tests/rdma/sanitized.tests --timeout 900 \
+	  --bin build/rdma-guest/sanitized/ferry_verbs_tests_asan
 
 # Ferry over verbs against perftest, in one guest run; prints ratios.
 bench-rdma: deps
