@@ -493,29 +493,20 @@ void VerbsChannel::on_event(uint32_t) {
   unlock_polling();
 }
 
-int VerbsChannel::poll_recv() {
+int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&)) {
   ibv_wc wcs[kPollBatch];
   int handled = 0;
   for (;;) {
-    int n = ibv_poll_cq(recv_cq_, kPollBatch, wcs);
+    int n = ibv_poll_cq(cq, kPollBatch, wcs);
     if (n <= 0) break;
     handled += n;
-    for (int i = 0; i < n; ++i) handle_recv_completion(wcs[i]);
+    for (int i = 0; i < n; ++i) (this->*handle)(wcs[i]);
   }
   return handled;
 }
 
-int VerbsChannel::poll_send() {
-  ibv_wc wcs[kPollBatch];
-  int handled = 0;
-  for (;;) {
-    int n = ibv_poll_cq(send_cq_, kPollBatch, wcs);
-    if (n <= 0) break;
-    handled += n;
-    for (int i = 0; i < n; ++i) handle_send_completion(wcs[i]);
-  }
-  return handled;
-}
+int VerbsChannel::poll_send() { return drain(send_cq_, &VerbsChannel::handle_send_completion); }
+int VerbsChannel::poll_recv() { return drain(recv_cq_, &VerbsChannel::handle_recv_completion); }
 
 void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
   int index = lane_of(wc.wr_id);

@@ -78,6 +78,8 @@ class VerbsChannel final : public Channel,
   // Completions handled.
   int poll_send();
   int poll_recv();
+  // Polls `cq` empty, passing each completion to `handle`.
+  int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&));
   // With the polling right held: polls the send queue and, unless a caller spins, arms it for
   // an event if completions are outstanding (and polls again: one that landed before the arm
   // raises no event).
