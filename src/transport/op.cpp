@@ -40,8 +40,10 @@ void OpState::record_error(const Status& s) {
 bool OpState::complete() {
   uint8_t expected = kPosted;
   bool was_posted = stage.compare_exchange_strong(expected, kDone);
-  if (!was_posted && expected != kIdle) return false;
-  stage.store(kDone);
+  if (!was_posted) {
+    if (expected != kIdle) return false;
+    stage.store(kDone);
+  }
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
   std::function<void(const Status&)> fn;

@@ -304,7 +304,7 @@ void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
 }
 
 void VerbsChannel::pump_locked(Lane& lane, int index) {
-  if (lane.dead) return;
+  if (lane.dead || (lane.head == nullptr && lane.imm_pending.empty())) return;
   while (!lane.imm_pending.empty() && lane.sq_free > 0) {
     OpState* op = lane.imm_pending.back();
     lane.imm_pending.pop_back();
@@ -531,6 +531,8 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
     rec = lane.signaled.front();
     lane.signaled.pop_front();
     lane.sq_free += static_cast<int>(rec.wrs);
+    // The freed slots go to waiting slices before the op completes: its callback may post.
+    pump_locked(lane, index);
   }
   outstanding_.fetch_sub(1);
   OpState* op = rec.op;
@@ -555,8 +557,6 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
       op->finish_posted();
     }
   }
-  std::lock_guard lock(lane.mu);
-  pump_locked(lane, index);
 }
 
 void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
