@@ -60,11 +60,13 @@ test-rdma: deps
 # teardown, not yet explained; it joins this suite once fixed.)
 test-rdma-sanitized: deps
 	cmake --preset asan >/dev/null
-	cmake --build --preset asan -j $(JOBS) --target ferry_verbs_tests
+	cmake --build --preset asan -j $(JOBS) --target ferry_verbs_tests ferry_integration_tests
 	mkdir -p build/rdma-guest/sanitized
 	cp build/asan/tests/ferry_verbs_tests build/rdma-guest/sanitized/ferry_verbs_tests_asan
+	cp build/asan/tests/ferry_integration_tests build/rdma-guest/sanitized/ferry_integration_tests_asan
 	bash tests/rdma/run-guest.sh --tests tests/rdma/sanitized.tests --timeout 900 \
-	  --bin build/rdma-guest/sanitized/ferry_verbs_tests_asan
+	  --bin build/rdma-guest/sanitized/ferry_verbs_tests_asan \
+	  --bin build/rdma-guest/sanitized/ferry_integration_tests_asan
 
 # Ferry over verbs against perftest, in one guest run; prints ratios.
 bench-rdma: deps

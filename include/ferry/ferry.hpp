@@ -184,6 +184,18 @@ class Future {
   detail::OpState* op_ = nullptr;
 };
 
+// Tagged messages exchanged with one peer since it connected, by the transport that carried
+// them: messages of a verbs peer travel over verbs, others over TCP.
+struct PeerStats {
+  uint64_t tcp_messages_sent = 0;  // acknowledged by the receiver as taken
+  uint64_t tcp_messages_received = 0;
+  uint64_t verbs_messages_sent = 0;
+  uint64_t verbs_messages_received = 0;
+  // Received messages the sender wrote straight into the receive buffer (a large message into
+  // a region that grants remote write); the others were copied from receive buffers.
+  uint64_t verbs_messages_zero_copy = 0;
+};
+
 // A connected peer. Either side may start operations; one connection carries both directions.
 class Peer {
  public:
@@ -202,6 +214,7 @@ class Peer {
   uint64_t incarnation() const;
   std::string address() const;
   TransportKind transport() const;
+  PeerStats stats() const;
   bool connected() const;
   // Fails in-flight operations with kCancelled and closes the connection.
   void close() const;

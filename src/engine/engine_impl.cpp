@@ -264,8 +264,6 @@ Future PeerImpl::post(OpState* op) {
   }
   if (op->kind == OpKind::kRecv) {
     link->matcher.post(op);
-  } else if (op->kind == OpKind::kSend) {
-    channel->post(op);
   } else {
     data_channel().post(op);
   }
@@ -361,12 +359,14 @@ Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64
     return finish_now(op, {ErrorCode::kInvalidArgument, "send: messages are limited to 4 GiB - 1"});
   }
   uint8_t* addr = nullptr;
-  if (Status s = take_local(op, &local, offset, length, &addr); !s.ok()) {
+  uint32_t region_id = 0;
+  if (Status s = take_local(op, &local, offset, length, &addr, &region_id); !s.ok()) {
     return finish_now(op, {s.code(), "send: " + s.message()});
   }
-  op->entries.push_back(OpEntry{addr, length, 0, 0, 0});
+  op->entries.push_back(OpEntry{addr, length, 0, 0, 0, region_id});
   op->slice_bytes = length > 0 ? length : 1;  // one frame per message
-  // All messages of a peer travel on stream 0, so messages with one tag arrive in order.
+  // All messages of a peer travel on stream (TCP) or queue pair (verbs) 0, so messages with one
+  // tag arrive in order.
   op->lane_count = 1;
   op->first_lane = 0;
   op->lanes[0] = {0, 0, 1};
@@ -379,10 +379,11 @@ Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64
   OpState* op = start_op(OpKind::kRecv);
   op->tag = tag;
   uint8_t* addr = nullptr;
-  if (Status s = take_local(op, &local, offset, capacity, &addr); !s.ok()) {
+  uint32_t region_id = 0;
+  if (Status s = take_local(op, &local, offset, capacity, &addr, &region_id); !s.ok()) {
     return finish_now(op, {s.code(), "recv: " + s.message()});
   }
-  op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0});
+  op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0, region_id});
   op->pending.store(1);
   return post(op);
 }

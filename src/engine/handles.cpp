@@ -64,6 +64,17 @@ uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
 std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
 TransportKind Peer::transport() const { return impl_ ? impl_->transport : TransportKind::kTcp; }
 bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
+PeerStats Peer::stats() const {
+  PeerStats s;
+  if (!impl_) return s;
+  const transport::PeerLink& link = *impl_->link;
+  s.tcp_messages_sent = link.tcp_messages.sent.load();
+  s.tcp_messages_received = link.tcp_messages.received.load();
+  s.verbs_messages_sent = link.verbs_messages.sent.load();
+  s.verbs_messages_received = link.verbs_messages.received.load();
+  s.verbs_messages_zero_copy = link.verbs_messages.zero_copy.load();
+  return s;
+}
 void Peer::close() const {
   if (impl_) impl_->close({ErrorCode::kCancelled, "peer closed locally"});
 }

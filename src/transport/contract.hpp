@@ -5,6 +5,7 @@
 // docs/architecture.md for the rules.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +33,13 @@ class Host {
   ~Host() = default;
 };
 
+// Tagged messages one transport carried for a peer (Peer::stats).
+struct MessageCounters {
+  std::atomic<uint64_t> sent{0};       // acknowledged as taken (whole or truncated)
+  std::atomic<uint64_t> received{0};   // taken by a receive or buffered
+  std::atomic<uint64_t> zero_copy{0};  // of those, placed by the sender's RDMA WRITE
+};
+
 // State of one peer shared by the engine and the peer's channel.
 struct PeerLink {
   PeerLink(uint64_t remote_engine_id, std::size_t max_unexpected_bytes)
@@ -41,6 +49,8 @@ struct PeerLink {
   uint64_t remote_engine_id;
   std::shared_ptr<OpPool> pool;
   Matcher matcher;
+  MessageCounters tcp_messages;
+  MessageCounters verbs_messages;
 
   // Fails every posted op and receive with `reason`; call only when no channel of the peer
   // can touch user memory any more.

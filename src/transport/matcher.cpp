@@ -23,37 +23,42 @@ void Matcher::settle(OpState* recv, uint64_t length) {
   }
 }
 
-bool Matcher::take_unexpected_locked(uint64_t tag, std::vector<uint8_t>& out) {
+bool Matcher::take_unexpected_locked(uint64_t tag, bool data_only, Unexpected& out) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if (it->tag != tag) continue;
-    out = std::move(it->data);
+    if (it->tag != tag || (data_only && it->announced)) continue;
+    out = std::move(*it);
     unexpected_.erase(it);
-    unexpected_bytes_ -= out.size();
+    unexpected_bytes_ -= out.reserved;
     return true;
   }
   return false;
 }
 
 bool Matcher::take_buffered(OpState* recv) {
-  std::vector<uint8_t> msg;
+  Unexpected msg;
   {
     std::lock_guard lock(mu_);
-    if (!take_unexpected_locked(recv->tag, msg)) return false;
+    // The peer is gone: an announced message can no longer be fetched.
+    if (!take_unexpected_locked(recv->tag, true, msg)) return false;
   }
-  deliver(recv, msg.data(), msg.size());
+  deliver(recv, msg.data.data(), msg.data.size());
   return true;
 }
 
 void Matcher::post(OpState* recv) {
-  std::vector<uint8_t> msg;
+  Unexpected msg;
   {
     std::lock_guard lock(mu_);
-    if (!take_unexpected_locked(recv->tag, msg)) {
+    if (!take_unexpected_locked(recv->tag, false, msg)) {
       posted_.push_back(recv);
       return;
     }
   }
-  deliver(recv, msg.data(), msg.size());
+  if (msg.announced) {
+    msg.announced->matched(recv);
+    return;
+  }
+  deliver(recv, msg.data.data(), msg.data.size());
   recv->finish_posted();
 }
 
@@ -74,10 +79,7 @@ Matcher::Arrival Matcher::arrive(uint64_t tag, uint64_t length) {
   a.recv = take_posted_locked(tag);
   if (a.recv != nullptr) return a;
   if (unexpected_bytes_ + length > max_unexpected_) {
-    a.error = {ErrorCode::kResourceExhausted,
-               "send tag " + std::to_string(tag) + ": no receive posted and " +
-                   std::to_string(unexpected_bytes_) + " bytes already buffered (limit " +
-                   std::to_string(max_unexpected_) + ")"};
+    a.error = refusal(tag);
     return a;
   }
   unexpected_bytes_ += length;  // reserved now so concurrent arrivals respect the limit
@@ -94,13 +96,53 @@ void Matcher::commit(uint64_t tag, std::vector<uint8_t> buffer) {
     recv->finish_posted();
     return;
   }
-  unexpected_.push_back({tag, std::move(buffer)});
+  std::size_t size = buffer.size();
+  unexpected_.push_back({tag, std::move(buffer), nullptr, size});
+}
+
+OpState* Matcher::announce(uint64_t tag, uint64_t length, std::shared_ptr<Rendezvous> message,
+                           Status& error) {
+  std::lock_guard lock(mu_);
+  if (OpState* recv = take_posted_locked(tag)) return recv;
+  if (unexpected_bytes_ + length > max_unexpected_) {
+    error = refusal(tag);
+    return nullptr;
+  }
+  unexpected_bytes_ += length;
+  unexpected_.push_back({tag, {}, std::move(message), length});
+  return nullptr;
+}
+
+bool Matcher::fulfil(const Rendezvous* message, std::vector<uint8_t>& data) {
+  std::lock_guard lock(mu_);
+  for (Unexpected& u : unexpected_) {
+    if (u.announced.get() != message) continue;
+    u.data = std::move(data);
+    u.announced.reset();
+    return true;
+  }
+  return false;
+}
+
+Status Matcher::refusal(uint64_t tag) const {
+  return {ErrorCode::kResourceExhausted,
+          "send tag " + std::to_string(tag) + ": no receive posted and " +
+              std::to_string(unexpected_bytes_) + " bytes already buffered (limit " +
+              std::to_string(max_unexpected_) + ")"};
 }
 
 std::vector<OpState*> Matcher::take_posted() {
   std::lock_guard lock(mu_);
   std::vector<OpState*> out(posted_.begin(), posted_.end());
   posted_.clear();
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    if (it->announced) {
+      unexpected_bytes_ -= it->reserved;
+      it = unexpected_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   return out;
 }
 

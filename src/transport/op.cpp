@@ -63,6 +63,8 @@ void OpState::reset_for_reuse() {
   with_imm = false;
   imm = 0;
   tag = 0;
+  peer_token = 0;
+  zero_copy = false;
   entries.clear();
   leases.clear();
   lane_count = 0;

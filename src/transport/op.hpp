@@ -96,7 +96,11 @@ struct OpState {
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;
-  int64_t spin_ns = 0;              // Future::wait spins this long before sleeping
+  int64_t spin_ns = 0;  // Future::wait spins this long before sleeping
+  // A large verbs message once the receiver answered: its handle for the message, and whether
+  // the slices are RDMA WRITEs into its buffer (else CHUNK sends).
+  uint64_t peer_token = 0;
+  bool zero_copy = false;
   std::vector<OpEntry> entries;     // capacity kept across reuses: no allocation when warm
   std::vector<RegionSlot*> leases;  // local regions held until completion
 

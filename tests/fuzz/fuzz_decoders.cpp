@@ -1,9 +1,11 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
-// frame headers, handshake bodies, verbs queue-pair addresses and descriptors (binary, text). The
+// frame headers, handshake bodies, verbs queue-pair addresses and message headers, and
+// descriptors (binary, text). The
 // first input byte picks the decoder. Decoders must reject bad input with an error, never crash or
 // over-read.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
 
@@ -11,11 +13,12 @@
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_message.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 9) {
+  switch (data[0] % 10) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -59,6 +62,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       ferry::transport::verbs::VerbsAddress a;
       if (ferry::transport::verbs::VerbsAddress::decode(body, a).ok()) {
         if (a.encode() != std::vector<uint8_t>(body.begin(), body.end())) __builtin_trap();
+      }
+      break;
+    }
+    case 9: {
+      ferry::transport::verbs::MsgHeader h;
+      if (ferry::transport::verbs::MsgHeader::decode(body, h).ok()) {
+        uint8_t again[ferry::transport::verbs::MsgHeader::kSize];
+        h.encode(again);
+        if (std::memcmp(again, body.data(), sizeof again) != 0) __builtin_trap();
       }
       break;
     }

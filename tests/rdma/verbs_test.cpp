@@ -2,8 +2,11 @@
 // where rxe0 exists. Two engines in one process connect through the guest's own RoCE GID.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "support/pair.hpp"
 
@@ -161,10 +164,149 @@ TEST_F(Verbs, ConcurrentThreadsAndMessages) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(local.bytes, remote.bytes);
-  // Tagged messages still travel on the peer's TCP streams.
   Future r = p.target_peer.recv(7, remote.region, 0, 4096);
   ASSERT_TRUE(p.peer.send(7, local.region, 0, 4096).wait(kWait).ok());
   ASSERT_TRUE(r.wait(kWait).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tagged messages over verbs
+
+TEST_F(Verbs, SmallMessagesGoEagerInOrderPerTag) {
+  Buffer src(p.initiator, 64 << 10, Access::kLocal, 20);
+  Buffer dst(p.target, 64 << 10, Access::kLocal, 21);
+  // Posted first, then sent; an empty message; the largest eager one (8 KiB - header).
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{100}, uint64_t{8144}}) {
+    SCOPED_TRACE(size);
+    Future r = p.target_peer.recv(1, dst.region, 0, 8192);
+    ASSERT_TRUE(p.peer.send(1, src.region, size % 5, size).wait(kWait).ok());
+    ASSERT_TRUE(r.wait(kWait).ok()) << r.status().to_string();
+    EXPECT_EQ(r.bytes(), size);
+    EXPECT_EQ(0, std::memcmp(src.bytes.data() + size % 5, dst.bytes.data(), size));
+  }
+  // Sent first (buffered at the target), then received: order per tag, tags apart.
+  ASSERT_TRUE(p.peer.send(2, src.region, 100, 10).wait(kWait).ok());
+  ASSERT_TRUE(p.peer.send(3, src.region, 200, 30).wait(kWait).ok());
+  ASSERT_TRUE(p.peer.send(2, src.region, 300, 20).wait(kWait).ok());
+  Future a = p.target_peer.recv(2, dst.region, 0, 100);
+  Future b = p.target_peer.recv(2, dst.region, 100, 100);
+  Future c = p.target_peer.recv(3, dst.region, 200, 100);
+  ASSERT_TRUE(a.wait(kWait).ok() && b.wait(kWait).ok() && c.wait(kWait).ok());
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 100, dst.bytes.data(), 10));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 300, dst.bytes.data() + 100, 20));
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 200, dst.bytes.data() + 200, 30));
+  // Both directions over the one connection.
+  Future back = p.peer.recv(4, src.region, 0, 64);
+  ASSERT_TRUE(p.target_peer.send(4, dst.region, 0, 64).wait(kWait).ok());
+  ASSERT_TRUE(back.wait(kWait).ok());
+  // Every one went over verbs, none over TCP.
+  PeerStats target = p.target_peer.stats(), initiator = p.peer.stats();
+  EXPECT_EQ(target.verbs_messages_received, 7u);
+  EXPECT_EQ(initiator.verbs_messages_sent, 7u);
+  EXPECT_EQ(initiator.verbs_messages_received, 1u);
+  EXPECT_EQ(target.tcp_messages_received + initiator.tcp_messages_received, 0u);
+  EXPECT_EQ(target.verbs_messages_zero_copy, 0u);
+}
+
+// A large message: announced, then written by the sender straight into a posted receive buffer
+// that grants remote write, or sent in chunks and copied into one that does not; with no
+// receive posted, buffered at the receiver as over TCP.
+void expect_large_message(Pair& p, Access receive_access, bool zero_copy) {
+  constexpr uint64_t kSize = (5 << 20) + 13;
+  Buffer src(p.initiator, kSize + 7, Access::kLocal, 22);
+  Buffer dst(p.target, kSize + 64, receive_access, 23);
+  uint64_t zero_copied = p.target_peer.stats().verbs_messages_zero_copy;
+  // Receive posted first.
+  Future r = p.target_peer.recv(5, dst.region, 3, kSize);
+  ASSERT_TRUE(p.peer.send(5, src.region, 7, kSize).wait(kWait).ok());
+  ASSERT_TRUE(r.wait(kWait).ok()) << r.status().to_string();
+  EXPECT_EQ(r.bytes(), kSize);
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 7, dst.bytes.data() + 3, kSize));
+  // Sent first: buffered by the receiver, the send completes without a receive.
+  fill_pattern(src.bytes.data(), src.bytes.size(), 24);
+  ASSERT_TRUE(p.peer.send(6, src.region, 0, kSize).wait(kWait).ok());
+  Future r2 = p.target_peer.recv(6, dst.region, 0, kSize + 64);
+  ASSERT_TRUE(r2.wait(kWait).ok()) << r2.status().to_string();
+  EXPECT_EQ(r2.bytes(), kSize);
+  EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), kSize));
+  // Truncated: both sides learn it; nothing beyond the receive buffer is touched.
+  std::vector<uint8_t> tail(dst.bytes.begin() + 4096 * 3, dst.bytes.end());
+  Future small = p.target_peer.recv(7, dst.region, 0, 4096 * 3);
+  Status sent = p.peer.send(7, src.region, 1, kSize).wait(kWait);
+  EXPECT_EQ(sent.code(), ErrorCode::kTruncated) << sent.to_string();
+  EXPECT_EQ(small.wait(kWait).code(), ErrorCode::kTruncated);
+  EXPECT_EQ(small.bytes(), 4096u * 3);
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 1, dst.bytes.data(), 4096 * 3));
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), dst.bytes.begin() + 4096 * 3));
+  EXPECT_EQ(p.target_peer.stats().verbs_messages_zero_copy - zero_copied, zero_copy ? 2u : 0u);
+  EXPECT_EQ(p.target_peer.stats().tcp_messages_received, 0u);
+}
+
+TEST_F(Verbs, LargeMessageIntoARemotelyWritableBufferIsZeroCopy) {
+  expect_large_message(p, Access::kRemoteWrite, true);
+}
+
+TEST_F(Verbs, LargeMessageIntoALocalBufferIsChunked) {
+  expect_large_message(p, Access::kLocal, false);
+}
+
+TEST_F(Verbs, MixedSizesKeepTheirOrderPerTag) {
+  Buffer src(p.initiator, 1 << 20, Access::kLocal, 25);
+  Buffer dst(p.target, 5 << 20, Access::kRemoteWrite, 26);
+  const uint64_t sizes[] = {10, 1 << 20, 20, 300 << 10, 0};
+  std::vector<Future> sends;
+  for (uint64_t size : sizes) sends.push_back(p.peer.send(8, src.region, 0, size));
+  std::vector<Future> recvs;
+  for (int i = 0; i < 5; ++i) recvs.push_back(p.target_peer.recv(8, dst.region, i << 20, 1 << 20));
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(sends[i].wait(kWait).ok()) << sends[i].status().to_string();
+    ASSERT_TRUE(recvs[i].wait(kWait).ok()) << recvs[i].status().to_string();
+    EXPECT_EQ(recvs[i].bytes(), sizes[i]);
+    EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data() + (i << 20), sizes[i]));
+  }
+}
+
+TEST(VerbsMessages, NobodyReceivingRefusesBeyondTheLimit) {
+  Config c = test_config();
+  c.max_unexpected_bytes = 1 << 20;
+  Pair p(c, c);
+  ASSERT_EQ(p.peer.transport(), TransportKind::kVerbs);
+  Buffer a(p.initiator, 1 << 20, Access::kLocal, 27);
+  ASSERT_TRUE(p.peer.send(9, a.region, 0, 4000).wait(kWait).ok());
+  ASSERT_TRUE(p.peer.send(9, a.region, 0, 1040000).wait(kWait).ok());
+  // Eager and announced messages both count against the limit.
+  Status eager = p.peer.send(9, a.region, 0, 8000).wait(kWait);
+  EXPECT_EQ(eager.code(), ErrorCode::kResourceExhausted) << eager.to_string();
+  EXPECT_NE(eager.message().find("limit"), std::string::npos) << "the receiver's text arrives";
+  Status large = p.peer.send(9, a.region, 0, 100000).wait(kWait);
+  EXPECT_EQ(large.code(), ErrorCode::kResourceExhausted) << large.to_string();
+  EXPECT_EQ(p.peer.stats().verbs_messages_sent, 2u);
+  // What was taken is intact and in order.
+  Buffer b(p.target, 1 << 20, Access::kLocal, 30);
+  Future first = p.target_peer.recv(9, b.region, 0, 1 << 20);
+  ASSERT_TRUE(first.wait(kWait).ok());
+  EXPECT_EQ(first.bytes(), 4000u);
+  EXPECT_EQ(0, std::memcmp(a.bytes.data(), b.bytes.data(), 4000));
+  Future second = p.target_peer.recv(9, b.region, 0, 1 << 20);
+  ASSERT_TRUE(second.wait(kWait).ok());
+  EXPECT_EQ(second.bytes(), 1040000u);
+  EXPECT_EQ(0, std::memcmp(a.bytes.data(), b.bytes.data(), 1040000));
+}
+
+TEST(VerbsMessages, APeerThatLeavesFailsWaitingMessages) {
+  auto p = std::make_unique<Pair>();
+  ASSERT_EQ(p->peer.transport(), TransportKind::kVerbs);
+  Buffer a(p->initiator, 2 << 20, Access::kLocal, 28);
+  Buffer b(p->target, 2 << 20, Access::kLocal, 29);
+  // Buffered by the target, which then leaves: a large message that arrived stays receivable.
+  ASSERT_TRUE(p->target_peer.send(10, b.region, 0, 2 << 20).wait(kWait).ok());
+  Future waiting = p->peer.recv(11, a.region, 0, 64);  // nobody sends it
+  p->target.shutdown();
+  EXPECT_EQ(waiting.wait(kWait).code(), ErrorCode::kPeerLost) << waiting.status().to_string();
+  Future late = p->peer.recv(10, a.region, 0, 2 << 20);
+  ASSERT_TRUE(late.wait(kWait).ok()) << late.status().to_string();
+  EXPECT_EQ(a.bytes, b.bytes);
 }
 
 TEST_F(Verbs, TheNicRefusesWhatWasNotGranted) {

@@ -1,8 +1,10 @@
-// GID selection rules (the device probing itself runs in the Soft-RoCE guest suite).
+// GID selection rules and the verbs wire encodings (the device probing itself runs in the
+// Soft-RoCE guest suite).
 #include <gtest/gtest.h>
 
 #include "transport/verbs/devices.hpp"
 #include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_message.hpp"
 
 namespace ferry::transport::verbs {
 namespace {
@@ -44,6 +46,38 @@ TEST(VerbsApi, UnavailableIsExplained) {
   if (devices.empty()) {
     EXPECT_FALSE(why.empty()) << "no devices and no reason";
   }
+}
+
+TEST(MsgHeader, RoundTripsAndRejectsDamage) {
+  MsgHeader h;
+  h.type = MsgType::kCts;
+  h.status = 17;
+  h.rkey = 0xdeadbeef;
+  h.tag = ~0ull;
+  h.id = 1ull << 40;
+  h.a = 0x7fff00001234;
+  h.b = 9;
+  h.c = 5 << 20;
+  uint8_t bytes[MsgHeader::kSize + 3] = {};
+  h.encode(bytes);
+  MsgHeader d;
+  ASSERT_TRUE(MsgHeader::decode({bytes, sizeof bytes}, d).ok()) << "payload may follow";
+  EXPECT_EQ(d.type, h.type);
+  EXPECT_EQ(d.status, h.status);
+  EXPECT_EQ(d.rkey, h.rkey);
+  EXPECT_EQ(d.tag, h.tag);
+  EXPECT_EQ(d.id, h.id);
+  EXPECT_EQ(d.a, h.a);
+  EXPECT_EQ(d.b, h.b);
+  EXPECT_EQ(d.c, h.c);
+  EXPECT_EQ(MsgHeader::decode({bytes, MsgHeader::kSize - 1}, d).code(), ErrorCode::kProtocol);
+  for (uint8_t type : {0, 7, 255}) {
+    bytes[0] = type;
+    EXPECT_EQ(MsgHeader::decode({bytes, sizeof bytes}, d).code(), ErrorCode::kProtocol) << +type;
+  }
+  bytes[0] = static_cast<uint8_t>(MsgType::kAck);
+  bytes[1] = 1;
+  EXPECT_EQ(MsgHeader::decode({bytes, sizeof bytes}, d).code(), ErrorCode::kProtocol);
 }
 
 }  // namespace

@@ -591,6 +591,10 @@ Status TcpChannel::Stream::end_frame() {
         op->record_error({static_cast<ErrorCode>(cur.status),
                           std::string(frame_text.begin(), frame_text.end())});
       }
+      if (cur.type == FrameType::kSendAck &&
+          (cur.status == 0 || cur.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
+        ch.link_->tcp_messages.sent.fetch_add(1, std::memory_order_relaxed);
+      }
       if (op->finish_slices(1)) op->finish_posted();
       return {};
     }
@@ -606,6 +610,9 @@ Status TcpChannel::Stream::end_frame() {
       }
       // The ack is queued before the receiver can run: anything it sends next goes out after it.
       respond(h, st);
+      if (frame_op != nullptr || frame_error.ok()) {
+        ch.link_->tcp_messages.received.fetch_add(1, std::memory_order_relaxed);
+      }
       if (frame_op != nullptr) {
         Matcher::settle(frame_op, cur.length);
         frame_op->finish_posted();

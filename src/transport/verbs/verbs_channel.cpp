@@ -27,8 +27,15 @@ constexpr int kMaxChain = 32;
 constexpr uint32_t kWantedInline = 64;
 constexpr int kMaxReadsInFlight = 16;
 constexpr int kPollBatch = 32;
+// A message header plus the longest error text an ACK carries.
+constexpr uint32_t kHeaderSlot = 256;
+// Payload one eager SEND or CHUNK carries: what fits a receive buffer after the header.
+constexpr uint32_t kMessagePayload = VerbsDevice::kRecvSlotBytes - MsgHeader::kSize;
+// Zero-copy slices of a large message: the engine's default slice, which reached line rate for
+// writes (docs/performance.md), and within every device's largest message (rxe: 8 MiB).
+constexpr uint64_t kZeroCopySlice = 1 << 20;
 
-enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2 };
+enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrMsg = 3 };
 uint64_t wr_id(WrKind kind, int lane) {
   return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(lane) << 48);
 }
@@ -41,6 +48,35 @@ std::string modify_error(const char* step, int rc) {
 // The channel whose completion queue this thread is polling, if any.
 thread_local const void* polling_channel = nullptr;
 }  // namespace
+
+// A message waiting for a send-queue slot on lane 0.
+struct VerbsChannel::OutMsg {
+  MsgHeader header;
+  const uint8_t* payload = nullptr;  // EAGER: the user's bytes (registered)
+  uint32_t payload_length = 0;
+  uint32_t payload_lkey = 0;
+  std::string text;  // ACK: the error's text
+};
+
+// A large message arriving while no receive is posted: its bytes go into `data`; a receive
+// that matches it meanwhile waits for them.
+struct VerbsChannel::Staged final : Rendezvous {
+  void matched(OpState* r) override {
+    {
+      std::lock_guard lock(mu);
+      if (!complete) {
+        recv = r;  // FIN delivers
+        return;
+      }
+    }
+    Matcher::deliver(r, data.data(), data.size());
+    r->finish_posted();
+  }
+  std::mutex mu;
+  bool complete = false;      // guarded by mu
+  OpState* recv = nullptr;    // guarded by mu
+  std::vector<uint8_t> data;  // sized before CTS, filled by CHUNKs
+};
 
 struct VerbsChannel::Lane {
   // No member initialisers: pump_locked keeps an array of these on the stack per post.
@@ -56,7 +92,9 @@ struct VerbsChannel::Lane {
   OpState* head = nullptr;  // ops with slices still to post on this lane
   OpState* tail = nullptr;
   std::vector<OpState*> imm_pending;  // ops whose notification waits for a free slot
+  core::Ring<OutMsg> outbox;          // messages waiting for a free slot (lane 0)
   core::Ring<Signaled> signaled;      // in posting order; RC completes them in that order
+  uint64_t posted = 0;                // requests posted so far: picks the next header slot
   bool dead = false;                  // in error or draining: post nothing more
 };
 
@@ -136,6 +174,16 @@ Status VerbsChannel::init(int qps) {
     return {ErrorCode::kInvalidArgument, "verbs_qps must be 1..16"};
   }
   int send_depth = std::min(kSendDepth, std::max(dev_.max_qp_wr(), 1));
+  send_depth_ = send_depth;
+  // Header slot `posted % send_depth` is free again when reused: at most send_depth - 1
+  // requests of a lane are outstanding (sq_free), and a request is freed only after the
+  // completion covering it, so the NIC has read its header.
+  std::size_t header_bytes = static_cast<std::size_t>(qps) * send_depth * kHeaderSlot;
+  headers_.reset(new uint8_t[header_bytes]());
+  headers_mr_ = api_.reg_mr(dev_.pd(), headers_.get(), header_bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (headers_mr_ == nullptr)
+    return {ErrorCode::kSystem,
+            std::string("ibv_reg_mr (message headers): ") + std::strerror(errno)};
   comp_ = api_.create_comp_channel(dev_.context());
   if (comp_ == nullptr)
     return {ErrorCode::kSystem, std::string("ibv_create_comp_channel: ") + std::strerror(errno)};
@@ -154,7 +202,7 @@ Status VerbsChannel::init(int qps) {
     attr.recv_cq = recv_cq_;
     attr.srq = dev_.srq();
     attr.cap.max_send_wr = static_cast<uint32_t>(send_depth);
-    attr.cap.max_send_sge = 1;
+    attr.cap.max_send_sge = 2;  // a message: header + payload
     attr.cap.max_inline_data = kWantedInline;
     attr.qp_type = IBV_QPT_RC;
     lane->qp = api_.create_qp(dev_.pd(), &attr);
@@ -165,7 +213,7 @@ Status VerbsChannel::init(int qps) {
     if (lane->qp == nullptr)
       return {ErrorCode::kSystem, std::string("ibv_create_qp: ") + std::strerror(errno)};
     max_inline_ = attr.cap.max_inline_data;
-    lane->sq_free = static_cast<int>(attr.cap.max_send_wr) - 1;  // one slot kept for draining
+    lane->sq_free = send_depth - 1;  // one slot kept for draining
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
@@ -185,6 +233,7 @@ VerbsChannel::~VerbsChannel() {
   destroy_queue_pairs();
   // ibv_destroy_cq waits until every completion event was acknowledged.
   if (registered_) ack_events();
+  if (headers_mr_ != nullptr) api_.dereg_mr(headers_mr_);
   if (send_cq_ != nullptr) api_.destroy_cq(send_cq_);
   if (recv_cq_ != nullptr) api_.destroy_cq(recv_cq_);
   if (comp_ != nullptr) api_.destroy_comp_channel(comp_);
@@ -258,6 +307,10 @@ Status VerbsChannel::connect(const VerbsAddress& remote) {
 // Posting
 
 PostResult VerbsChannel::post(OpState* op) {
+  if (op->kind == OpKind::kSend) {
+    post_send_op(op);
+    return PostResult::kAccepted;
+  }
   PostResult result = PostResult::kAccepted;
   int n = lanes();
   for (int k = 0; k < op->lane_count; ++k) {
@@ -299,12 +352,42 @@ void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
     return;
   }
   --lane.sq_free;
+  ++lane.posted;
   lane.signaled.push_back({op, 1, 1, true});
   outstanding_.fetch_add(1);
 }
 
+void VerbsChannel::build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr,
+                                 ibv_sge* sges) {
+  auto slot = static_cast<std::size_t>(seq % static_cast<uint64_t>(send_depth_));
+  uint8_t* hdr =
+      headers_.get() + (static_cast<std::size_t>(index) * send_depth_ + slot) * kHeaderSlot;
+  msg.header.encode(hdr);
+  uint32_t text =
+      static_cast<uint32_t>(std::min<std::size_t>(msg.text.size(), kHeaderSlot - MsgHeader::kSize));
+  // The text travels with its length (the message's), not NUL-terminated.
+  std::copy_n(msg.text.data(), text, hdr + MsgHeader::kSize);
+  sges[0].addr = reinterpret_cast<uint64_t>(hdr);
+  sges[0].length = static_cast<uint32_t>(MsgHeader::kSize) + text;
+  sges[0].lkey = headers_mr_->lkey;
+  wr = {};
+  wr.wr_id = wr_id(kWrMsg, index);
+  wr.sg_list = sges;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  if (msg.payload_length > 0) {
+    sges[1].addr = reinterpret_cast<uint64_t>(msg.payload);
+    sges[1].length = msg.payload_length;
+    sges[1].lkey = msg.payload_lkey;
+    wr.num_sge = 2;
+  }
+  if (sges[0].length + msg.payload_length <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+}
+
 void VerbsChannel::pump_locked(Lane& lane, int index) {
-  if (lane.dead || (lane.head == nullptr && lane.imm_pending.empty())) return;
+  if (lane.dead || (lane.head == nullptr && lane.imm_pending.empty() && lane.outbox.empty())) {
+    return;
+  }
   while (!lane.imm_pending.empty() && lane.sq_free > 0) {
     OpState* op = lane.imm_pending.back();
     lane.imm_pending.pop_back();
@@ -312,10 +395,24 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     if (lane.dead) return;
   }
   ibv_send_wr wrs[kMaxChain];
-  ibv_sge sges[kMaxChain];
+  ibv_sge sges[2 * kMaxChain];
   Lane::Signaled records[kMaxChain];
   int n = 0, nrec = 0;
   int budget = std::min(lane.sq_free, kMaxChain);
+  auto chain = [&](ibv_send_wr& wr) {
+    if (n > 0) wrs[n - 1].next = &wr;
+    ++n;
+  };
+  // Messages first: acks and answers are small and unblock the peer. Each is signaled alone.
+  while (n < budget && !lane.outbox.empty()) {
+    ibv_send_wr& wr = wrs[n];
+    build_message(index, lane.posted + static_cast<uint64_t>(n), lane.outbox.front(), wr,
+                  &sges[2 * n]);
+    wr.send_flags |= IBV_SEND_SIGNALED;
+    chain(wr);
+    records[nrec++] = {nullptr, 0, 1, false};
+    lane.outbox.pop_front();
+  }
   uint32_t run_slices = 0;
   int lanes_total = lanes();
   while (n < budget && lane.head != nullptr) {
@@ -323,24 +420,35 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     int li = (index - op->first_lane + lanes_total) % lanes_total;
     LaneCursor& c = op->lanes[li];
     const OpEntry& e = op->entries[c.entry];
-    uint64_t len = std::min<uint64_t>(op->slice_bytes, e.length - c.offset);
-    bool is_write = op->kind == OpKind::kWrite;
-
-    ibv_sge& sge = sges[n];
-    sge.addr = reinterpret_cast<uint64_t>(e.local + c.offset);
-    sge.length = static_cast<uint32_t>(len);
-    sge.lkey = dev_.lkey(e.local_region);
+    uint64_t offset = c.offset;
+    uint64_t len = std::min<uint64_t>(op->slice_bytes, e.length - offset);
     ibv_send_wr& wr = wrs[n];
-    wr = {};
-    wr.wr_id = wr_id(kWrOp, index);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-    wr.wr.rdma.remote_addr = e.remote_addr + c.offset;
-    wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
-    if (is_write && len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
-    if (n > 0) wrs[n - 1].next = &wr;
-    ++n;
+    ibv_sge* sge = &sges[2 * n];
+    if (op->kind == OpKind::kSend && !op->zero_copy) {
+      OutMsg chunk;
+      chunk.header.type = MsgType::kChunk;
+      chunk.header.id = op->peer_token;
+      chunk.header.a = offset;
+      chunk.payload = e.local + offset;
+      chunk.payload_length = static_cast<uint32_t>(len);
+      chunk.payload_lkey = dev_.lkey(e.local_region);
+      build_message(index, lane.posted + static_cast<uint64_t>(n), chunk, wr, sge);
+    } else {
+      // A large message's zero-copy slices are RDMA WRITEs like a write's.
+      bool is_write = op->kind != OpKind::kRead;
+      sge->addr = reinterpret_cast<uint64_t>(e.local + offset);
+      sge->length = static_cast<uint32_t>(len);
+      sge->lkey = dev_.lkey(e.local_region);
+      wr = {};
+      wr.wr_id = wr_id(kWrOp, index);
+      wr.sg_list = sge;
+      wr.num_sge = 1;
+      wr.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      wr.wr.rdma.remote_addr = e.remote_addr + offset;
+      wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
+      if (is_write && len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    }
+    chain(wr);
     ++run_slices;
     --c.remaining;
     advance(*op, c, static_cast<uint64_t>(op->lane_count));
@@ -361,6 +469,24 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     if (op_done_here) {
       lane.head = op->lane_next[li];
       if (lane.head == nullptr) lane.tail = nullptr;
+      if (op->kind == OpKind::kSend) {
+        // FIN follows the message's last slice on this queue pair: RC delivers it after every
+        // byte was placed. Queued when the chain is full; the outbox goes out before anything
+        // posted later.
+        OutMsg fin;
+        fin.header.type = MsgType::kFin;
+        fin.header.id = op->peer_token;
+        fin.header.a = op->bytes.load(std::memory_order_relaxed);
+        if (n < budget) {
+          ibv_send_wr& fwr = wrs[n];
+          build_message(index, lane.posted + static_cast<uint64_t>(n), fin, fwr, &sges[2 * n]);
+          fwr.send_flags |= IBV_SEND_SIGNALED;
+          chain(fwr);
+          records[nrec++] = {nullptr, 0, 1, false};
+        } else {
+          lane.outbox.push_back(std::move(fin));
+        }
+      }
     }
   }
   if (n == 0) return;
@@ -369,6 +495,7 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     fail_post(lane, index, rc);
     return;
   }
+  lane.posted += static_cast<uint64_t>(n);
   lane.sq_free -= n;
   for (int r = 0; r < nrec; ++r) lane.signaled.push_back(records[r]);
   outstanding_.fetch_add(nrec);
@@ -420,7 +547,7 @@ void VerbsChannel::progress() {
   // Holding a reference: a completion callback may drop the last other one.
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
   if (!self || polling_on_this_thread() || !try_lock_polling()) return;
-  if (!quiesced_.load()) poll_send();
+  if (!quiesced_.load()) poll_both();
   unlock_polling();
 }
 
@@ -434,7 +561,7 @@ void VerbsChannel::spin(const std::atomic<bool>& done,
   bool nested = polling_on_this_thread();
   for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
     if (!nested && try_lock_polling()) {
-      if (!quiesced_.load(std::memory_order_relaxed)) poll_send();
+      if (!quiesced_.load(std::memory_order_relaxed)) poll_both();
       unlock_polling();
     }
     // The clock every few polls: under emulation a clock read costs as much as a poll.
@@ -479,16 +606,16 @@ void VerbsChannel::ack_events() {
 void VerbsChannel::on_event(uint32_t) {
   ack_events();
   if (quiesced_.load()) return;
-  // Receives: always armed, always handled here.
+  // Receives: always armed (a waiter may poll them too).
   ibv_req_notify_cq(recv_cq_, 0);
-  poll_recv();
   lock_polling();
+  poll_recv();
   poll_and_arm_locked();
   // Busy: keep polling until `busy_poll` passed without a completion.
   auto last = std::chrono::steady_clock::now();
   while (busy_poll_.count() > 0 && !quiesced_.load() &&
          std::chrono::steady_clock::now() - last < busy_poll_) {
-    if (poll_send() + poll_recv() > 0) last = std::chrono::steady_clock::now();
+    if (poll_both() > 0) last = std::chrono::steady_clock::now();
   }
   unlock_polling();
 }
@@ -507,6 +634,7 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&))
 
 int VerbsChannel::poll_send() { return drain(send_cq_, &VerbsChannel::handle_send_completion); }
 int VerbsChannel::poll_recv() { return drain(recv_cq_, &VerbsChannel::handle_recv_completion); }
+int VerbsChannel::poll_both() { return poll_send() + poll_recv(); }
 
 void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
   int index = lane_of(wc.wr_id);
@@ -518,7 +646,9 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
     Status s = error_of(wc);
     {
       std::lock_guard lock(lane.mu);
-      if (!lane.signaled.empty()) lane.signaled.front().op->record_error(s);
+      if (!lane.signaled.empty() && lane.signaled.front().op != nullptr) {
+        lane.signaled.front().op->record_error(s);
+      }
       lane.dead = true;
     }
     close(s);
@@ -536,6 +666,7 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
   }
   outstanding_.fetch_sub(1);
   OpState* op = rec.op;
+  if (op == nullptr) return;  // a message: its op (if any) completes with the receiver's ACK
   if (op->finish_slices(static_cast<int64_t>(rec.slices))) {
     bool notify = op->with_imm && !rec.imm;
     if (notify) {
@@ -560,19 +691,277 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
 }
 
 void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
-  // The receive came off the shared queue, whatever its status: put one back.
-  Status reposted = dev_.repost_srq(1);
+  int slot = dev_.slot_of_wr(wc.wr_id);
+  if (slot < 0) return;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (!closing_.load()) close(error_of(wc));
-    return;
-  }
-  if (!reposted.ok()) {
-    close(reposted);
+    // Flushed or failed: its buffer holds nothing; it goes back to the shared queue.
+    Status reposted = dev_.repost_srq(slot);
+    if (!closing_.load()) close(reposted.ok() ? error_of(wc) : reposted);
     return;
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     host_.deliver_imm(link_->remote_engine_id, ntohl(wc.imm_data));
+  } else if (wc.opcode == IBV_WC_RECV) {
+    const uint8_t* data = dev_.slot_data(slot);
+    uint32_t length = std::min(wc.byte_len, VerbsDevice::kRecvSlotBytes);
+    MsgHeader h;
+    if (Status s = MsgHeader::decode({data, length}, h); !s.ok()) {
+      protocol_error(s.message());
+    } else {
+      handle_message(h, data + MsgHeader::kSize, length - static_cast<uint32_t>(MsgHeader::kSize));
+    }
   }
+  // Handled (payload copied out): the buffer goes back to the shared queue.
+  if (Status s = dev_.repost_srq(slot); !s.ok()) close(s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+void VerbsChannel::send_message(OutMsg msg) {
+  Lane& lane = *lanes_[0];
+  std::lock_guard lock(lane.mu);
+  if (lane.dead) return;  // closing: the close path fails what waits on it
+  lane.outbox.push_back(std::move(msg));
+  pump_locked(lane, 0);
+}
+
+void VerbsChannel::post_send_op(OpState* op) {
+  const OpEntry& e = op->entries.front();
+  OutMsg msg;
+  msg.header.tag = op->tag;
+  msg.header.id = op->id.load(std::memory_order_relaxed);
+  op->pending.store(1);  // the receiver's ACK
+  if (e.length <= kMessagePayload) {
+    msg.header.type = MsgType::kEager;
+    msg.payload = e.local;
+    msg.payload_length = static_cast<uint32_t>(e.length);
+    msg.payload_lkey = dev_.lkey(e.local_region);
+  } else {
+    msg.header.type = MsgType::kRts;
+    msg.header.a = e.length;
+    std::lock_guard lock(msg_mu_);
+    awaiting_cts_.insert(msg.header.id);
+  }
+  send_message(std::move(msg));
+}
+
+void VerbsChannel::ack(uint64_t sender_op, const Status& status) {
+  OutMsg msg;
+  msg.header.type = MsgType::kAck;
+  msg.header.id = sender_op;
+  msg.header.status = static_cast<uint16_t>(status.code());
+  if (!status.ok()) msg.text = status.message();
+  send_message(std::move(msg));
+}
+
+void VerbsChannel::protocol_error(const std::string& what) {
+  close({ErrorCode::kProtocol, "verbs message from the peer: " + what});
+}
+
+void VerbsChannel::handle_message(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  switch (h.type) {
+    case MsgType::kEager:
+      return on_eager(h, payload, length);
+    case MsgType::kRts:
+      return on_rts(h);
+    case MsgType::kCts:
+      return on_cts(h);
+    case MsgType::kChunk:
+      return on_chunk(h, payload, length);
+    case MsgType::kFin:
+      return on_fin(h);
+    case MsgType::kAck:
+      return on_ack(h, payload, length);
+  }
+}
+
+void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  Matcher::Arrival a = link_->matcher.arrive(h.tag, length);
+  if (!a.error.ok()) {
+    ack(h.id, a.error);
+    return;
+  }
+  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  if (a.recv == nullptr) {
+    if (length > 0) std::memcpy(a.buffer.data(), payload, length);
+    ack(h.id, {});
+    link_->matcher.commit(h.tag, std::move(a.buffer));
+    return;
+  }
+  uint64_t capacity = a.recv->entries[0].length;
+  // The ACK goes out before the receiver can run: anything it sends next follows it.
+  ack(h.id, length > capacity
+                ? Status(ErrorCode::kTruncated, "send tag " + std::to_string(h.tag) +
+                                                    ": receiver buffer of " +
+                                                    std::to_string(capacity) + " bytes")
+                : Status());
+  Matcher::deliver(a.recv, payload, length);
+  a.recv->finish_posted();
+}
+
+void VerbsChannel::on_rts(const MsgHeader& h) {
+  auto staged = std::make_shared<Staged>();
+  Status refused;
+  OpState* recv = link_->matcher.announce(h.tag, h.a, staged, refused);
+  if (!refused.ok()) {
+    ack(h.id, refused);
+  } else if (recv != nullptr) {
+    start_incoming(recv, nullptr, h.id, h.a);
+  } else {
+    // Bounded by max_unexpected_bytes, as over TCP. A receive matching it now waits for FIN,
+    // which comes only after CTS: nothing reads `data` before it is sized.
+    staged->data.resize(h.a);
+    start_incoming(nullptr, std::move(staged), h.id, h.a);
+  }
+}
+
+void VerbsChannel::start_incoming(OpState* recv, std::shared_ptr<Staged> staged, uint64_t sender_op,
+                                  uint64_t length) {
+  uint64_t capacity = length;
+  bool zero_copy = false;
+  OutMsg cts;
+  cts.header.type = MsgType::kCts;
+  cts.header.id = sender_op;
+  if (recv != nullptr) {
+    const OpEntry& dst = recv->entries[0];
+    capacity = std::min(length, dst.length);
+    // Zero-copy only into a region whose owner granted remote write: the NIC refuses others.
+    uint32_t rkey = dev_.rkey(dst.local_region);
+    zero_copy = !recv->leases.empty() &&
+                allows(recv->leases.front()->access, Access::kRemoteWrite) && rkey != 0;
+    if (zero_copy) {
+      cts.header.a = reinterpret_cast<uint64_t>(dst.local);
+      cts.header.rkey = rkey;
+    }
+  }
+  {
+    std::lock_guard lock(msg_mu_);
+    cts.header.b = ++next_token_;
+    incoming_[cts.header.b] =
+        Incoming{recv, std::move(staged), sender_op, length, capacity, 0, zero_copy};
+  }
+  cts.header.c = capacity;
+  send_message(std::move(cts));
+}
+
+void VerbsChannel::on_cts(const MsgHeader& h) {
+  {
+    std::lock_guard lock(msg_mu_);
+    if (awaiting_cts_.erase(h.id) == 0) return protocol_error("CTS for no announced message");
+  }
+  OpState* op = link_->pool->lookup(h.id);
+  if (op == nullptr || op->kind != OpKind::kSend) return protocol_error("CTS for no send");
+  OpEntry& e = op->entries.front();
+  if (h.c > e.length) return protocol_error("CTS capacity beyond the message");
+  op->peer_token = h.b;
+  op->zero_copy = h.a != 0;
+  e.length = h.c;  // the receiver takes no more; FIN tells it the whole length
+  e.remote_addr = h.a;
+  e.remote_key = h.rkey;
+  op->slice_bytes = op->zero_copy ? kZeroCopySlice : kMessagePayload;
+  uint64_t slices = h.c > 0 ? slice_count(h.c, op->slice_bytes) : 0;
+  op->pending.fetch_add(static_cast<int64_t>(slices));
+  op->lane_count = 1;
+  op->first_lane = 0;
+  op->lanes[0] = {0, 0, slices};
+  Lane& lane = *lanes_[0];
+  std::lock_guard lock(lane.mu);
+  if (lane.dead) return;
+  if (slices == 0) {
+    OutMsg fin;
+    fin.header.type = MsgType::kFin;
+    fin.header.id = h.b;
+    fin.header.a = op->bytes.load(std::memory_order_relaxed);
+    lane.outbox.push_back(std::move(fin));
+  } else {
+    op->lane_next[0] = nullptr;
+    if (lane.tail == nullptr) {
+      lane.head = lane.tail = op;
+    } else {
+      int tail_lane = (0 - lane.tail->first_lane + lanes()) % lanes();
+      lane.tail->lane_next[tail_lane] = op;
+      lane.tail = op;
+    }
+  }
+  pump_locked(lane, 0);
+}
+
+void VerbsChannel::on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  std::lock_guard lock(msg_mu_);
+  auto it = incoming_.find(h.id);
+  if (it == incoming_.end() || it->second.zero_copy) {
+    return protocol_error("CHUNK for no message being received");
+  }
+  Incoming& in = it->second;
+  if (h.a > in.capacity || length > in.capacity - h.a) {
+    return protocol_error("CHUNK beyond the receive buffer");
+  }
+  uint8_t* dst = in.recv != nullptr ? in.recv->entries[0].local : in.staged->data.data();
+  std::memcpy(dst + h.a, payload, length);
+  in.received += length;
+}
+
+void VerbsChannel::on_fin(const MsgHeader& h) {
+  Incoming in{};
+  {
+    std::lock_guard lock(msg_mu_);
+    auto it = incoming_.find(h.id);
+    if (it == incoming_.end()) return protocol_error("FIN for no message being received");
+    in = it->second;
+    incoming_.erase(it);
+  }
+  if (h.a != in.length || (!in.zero_copy && in.received != in.capacity)) {
+    return protocol_error("FIN does not match the message");
+  }
+  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  if (in.staged) return finish_staged(in);
+  if (in.zero_copy) link_->verbs_messages.zero_copy.fetch_add(1, std::memory_order_relaxed);
+  Status status;
+  if (in.length > in.capacity) {
+    status = {ErrorCode::kTruncated, "send tag " + std::to_string(in.recv->tag) +
+                                         ": receiver buffer of " +
+                                         std::to_string(in.recv->entries[0].length) + " bytes"};
+  }
+  ack(in.sender_op, status);
+  Matcher::settle(in.recv, in.length);
+  in.recv->finish_posted();
+}
+
+void VerbsChannel::finish_staged(const Incoming& in) {
+  ack(in.sender_op, {});  // buffered: the sender is done, as over TCP
+  Staged& st = *in.staged;
+  OpState* recv;
+  {
+    std::lock_guard lock(st.mu);
+    st.complete = true;
+    recv = st.recv;
+  }
+  if (recv != nullptr) {
+    Matcher::deliver(recv, st.data.data(), st.data.size());
+    recv->finish_posted();
+  } else {
+    // Still queued: it becomes a buffered message. Taken meanwhile: matched() saw `complete`
+    // and delivers.
+    link_->matcher.fulfil(&st, st.data);
+  }
+}
+
+void VerbsChannel::on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  {
+    std::lock_guard lock(msg_mu_);
+    awaiting_cts_.erase(h.id);  // refused before it was fetched
+  }
+  OpState* op = link_->pool->lookup(h.id);
+  if (op == nullptr || op->kind != OpKind::kSend) return protocol_error("ACK for no send");
+  auto code = static_cast<ErrorCode>(h.status);
+  if (code != ErrorCode::kOk) {
+    op->record_error({code, std::string(reinterpret_cast<const char*>(payload), length)});
+  }
+  if (code == ErrorCode::kOk || code == ErrorCode::kTruncated) {
+    link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (op->finish_slices(1)) op->finish_posted();
 }
 
 // ---------------------------------------------------------------------------------------------

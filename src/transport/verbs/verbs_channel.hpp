@@ -1,10 +1,17 @@
 // Verbs RC transport: one-sided WRITE / READ / WRITE_WITH_IMM over reliable-connected queue
 // pairs ("lanes"), posted from the caller's thread in chains (one ibv_post_send per lane per
-// batch), selectively signaled. Send completions go to a queue that waiting callers poll
+// batch), selectively signaled. Tagged messages travel on lane 0 (one queue pair keeps them in
+// order): small ones as one eager SEND into the device's shared receive buffers, large ones by
+// rendezvous (RTS, the receiver's CTS, then RDMA WRITEs straight into a posted receive buffer
+// that grants remote write, or CHUNK sends copied into any other receive buffer, or into a
+// buffer of the receiver's while no receive is posted, then FIN); the receiver answers every
+// message with an ACK carrying its status. Sends complete as over TCP: once the receiver took
+// or buffered the message. Send completions go to a queue that waiting callers poll
 // (Future::wait spins on it); it wakes the progress thread through the completion channel only
 // when no caller spins and completions are outstanding, since each wake-up costs more than the
-// round trip of a small write. WRITE_WITH_IMM receives come from the device's shared receive
-// queue into a second queue that the progress thread always handles. The progress thread keeps
+// round trip of a small write. Receives (messages, WRITE_WITH_IMM) come from the device's shared
+// receive queue into a second queue, always armed for the progress thread, which waiting
+// callers poll too (a send completes with the receiver's ACK). The progress thread keeps
 // polling for `busy_poll` after the last completion before it sleeps again.
 #pragma once
 
@@ -15,11 +22,15 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/ring.hpp"
 #include "transport/contract.hpp"
 #include "transport/verbs/verbs_device.hpp"
+#include "transport/verbs/verbs_message.hpp"
 
 namespace ferry::transport::verbs {
 
@@ -70,14 +81,48 @@ class VerbsChannel final : public Channel,
 
  private:
   struct Lane;
+  struct OutMsg;
+  struct Staged;
+  // A large message being received: into a posted receive, or into a buffer (staged) until a
+  // receive takes it; how far it got.
+  struct Incoming {
+    OpState* recv;
+    std::shared_ptr<Staged> staged;
+    uint64_t sender_op;
+    uint64_t length;    // the whole message
+    uint64_t capacity;  // what the receive (or buffer) takes of it
+    uint64_t received;  // CHUNK bytes so far
+    bool zero_copy;
+  };
   VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
                std::function<void(const Status&)> on_closed);
   Status init(int qps);
   void pump_locked(Lane& lane, int index);
+  // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
+  // into `sges`); `seq` is the request's position in the lane's sequence of requests.
+  void build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr, ibv_sge* sges);
+  // Queues a message on lane 0 and posts what credits allow.
+  void send_message(OutMsg msg);
+  void post_send_op(OpState* op);
+  void handle_message(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  void on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  void on_rts(const MsgHeader& h);
+  void on_cts(const MsgHeader& h);
+  void on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  void on_fin(const MsgHeader& h);
+  void on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  // Answers an announced message with CTS: its bytes go into `recv` or `staged`.
+  void start_incoming(OpState* recv, std::shared_ptr<Staged> staged, uint64_t sender_op,
+                      uint64_t length);
+  void finish_staged(const Incoming& in);
+  void ack(uint64_t sender_op, const Status& status);
+  void protocol_error(const std::string& what);
   void post_imm_locked(Lane& lane, int index, OpState* op);
   // Completions handled.
   int poll_send();
   int poll_recv();
+  // What a waiter polls: its op may complete by a send completion or by the peer's answer.
+  int poll_both();
   // Polls `cq` empty, passing each completion to `handle`.
   int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&));
   // With the polling right held: polls the send queue and, unless a caller spins, arms it for
@@ -111,6 +156,9 @@ class VerbsChannel final : public Channel,
   ibv_cq* send_cq_ = nullptr;
   ibv_cq* recv_cq_ = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  int send_depth_ = 0;
+  std::unique_ptr<uint8_t[]> headers_;  // per lane, send_depth_ slots of kHeaderSlot bytes
+  ibv_mr* headers_mr_ = nullptr;
   uint32_t psn_ = 0;
   uint32_t max_inline_ = 0;
   int loop_ = 0;
@@ -120,6 +168,11 @@ class VerbsChannel final : public Channel,
   std::atomic<bool> polling_{false};
   std::atomic<int> spinners_{0};         // callers polling the send queue
   std::atomic<int64_t> outstanding_{0};  // signaled work requests not yet completed
+
+  std::mutex msg_mu_;                                // incoming_, awaiting_cts_
+  std::unordered_map<uint64_t, Incoming> incoming_;  // by token
+  uint64_t next_token_ = 0;
+  std::unordered_set<uint64_t> awaiting_cts_;  // our large sends' op ids
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};

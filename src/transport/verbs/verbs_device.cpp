@@ -8,10 +8,11 @@ namespace ferry::transport::verbs {
 
 namespace {
 uint32_t slot_of(uint32_t region_id) { return region_id & (RegionTable::kMaxRegions - 1); }
-// Receives kept posted on the shared receive queue: the WRITE_WITH_IMM notifications of all
-// peers that can be in flight before the progress thread reposts (rnr_retry covers a burst
-// beyond it); capped by the device.
-constexpr int kSrqDepth = 4096;
+// Receives kept posted on the shared receive queue: the messages and WRITE_WITH_IMM
+// notifications of all peers that can be in flight before the progress threads repost
+// (rnr_retry covers a burst beyond it); capped by the device. 1024 slots of 8 KiB hold 8 MiB:
+// four times a sender's full send queue (256) of eager messages or chunks.
+constexpr int kSrqDepth = 1024;
 }  // namespace
 
 std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std::string& why) {
@@ -87,9 +88,18 @@ std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std:
     return nullptr;
   }
   dev->srq_depth_ = static_cast<int>(sa.attr.max_wr);
-  if (Status s = dev->repost_srq(dev->srq_depth_); !s.ok()) {
-    why = s.message();
+  std::size_t buf_bytes = static_cast<std::size_t>(dev->srq_depth_) * kRecvSlotBytes;
+  dev->recv_buf_.reset(new uint8_t[buf_bytes]);
+  dev->recv_mr_ = api->reg_mr(dev->pd_, dev->recv_buf_.get(), buf_bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (dev->recv_mr_ == nullptr) {
+    why = "ibv_reg_mr " + dev->name_ + " (receive buffers): " + std::strerror(errno);
     return nullptr;
+  }
+  for (int slot = 0; slot < dev->srq_depth_; ++slot) {
+    if (Status s = dev->repost_srq(slot); !s.ok()) {
+      why = s.message();
+      return nullptr;
+    }
   }
   return dev;
 }
@@ -101,6 +111,7 @@ VerbsDevice::~VerbsDevice() {
     }
   }
   if (srq_ != nullptr) api_->destroy_srq(srq_);
+  if (recv_mr_ != nullptr) api_->dereg_mr(recv_mr_);
   if (pd_ != nullptr) api_->dealloc_pd(pd_);
   if (ctx_ != nullptr) api_->close_device(ctx_);
 }
@@ -135,14 +146,24 @@ void VerbsDevice::deregister_region(uint32_t region_id) {
   if (ibv_mr* mr = mrs_[slot_of(region_id)].exchange(nullptr)) api_->dereg_mr(mr);
 }
 
-Status VerbsDevice::repost_srq(int count) {
-  for (int i = 0; i < count; ++i) {
-    ibv_recv_wr wr{};
-    wr.wr_id = kSrqWrId;
-    ibv_recv_wr* bad = nullptr;
-    if (int rc = ibv_post_srq_recv(srq_, &wr, &bad); rc != 0) {
-      return {ErrorCode::kSystem, "ibv_post_srq_recv " + name_ + ": " + std::strerror(rc)};
-    }
+int VerbsDevice::slot_of_wr(uint64_t wr_id) const {
+  if ((wr_id & ~0xffffffffull) != kSrqWrId) return -1;
+  auto slot = static_cast<int64_t>(wr_id & 0xffffffffull);
+  return slot < srq_depth_ ? static_cast<int>(slot) : -1;
+}
+
+Status VerbsDevice::repost_srq(int slot) {
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uint64_t>(recv_buf_.get() + slot * kRecvSlotBytes);
+  sge.length = kRecvSlotBytes;
+  sge.lkey = recv_mr_->lkey;
+  ibv_recv_wr wr{};
+  wr.wr_id = kSrqWrId | static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_srq_recv(srq_, &wr, &bad); rc != 0) {
+    return {ErrorCode::kSystem, "ibv_post_srq_recv " + name_ + ": " + std::strerror(rc)};
   }
   return {};
 }
@@ -150,6 +171,11 @@ Status VerbsDevice::repost_srq(int count) {
 uint32_t VerbsDevice::lkey(uint32_t region_id) const {
   ibv_mr* mr = mrs_[slot_of(region_id)].load(std::memory_order_acquire);
   return mr != nullptr ? mr->lkey : 0;
+}
+
+uint32_t VerbsDevice::rkey(uint32_t region_id) const {
+  ibv_mr* mr = mrs_[slot_of(region_id)].load(std::memory_order_acquire);
+  return mr != nullptr ? mr->rkey : 0;
 }
 
 }  // namespace ferry::transport::verbs

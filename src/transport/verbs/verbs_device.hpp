@@ -33,13 +33,22 @@ class VerbsDevice final : public Transport {
 
   // The local key of a registered region, for scatter/gather entries; 0 if unknown.
   uint32_t lkey(uint32_t region_id) const;
+  // The remote key of a registered region; 0 if unknown.
+  uint32_t rkey(uint32_t region_id) const;
 
-  // The shared receive queue every queue pair of the device takes WRITE_WITH_IMM receives from
-  // (zero-length: the immediate is all they carry), kept full: whoever consumes one posts one.
+  // Size of one receive buffer: a message header and up to 8 KiB - 48 of payload. Larger
+  // messages go by rendezvous, so this only bounds what one eager SEND or CHUNK carries.
+  static constexpr uint32_t kRecvSlotBytes = 8192;
+  // The shared receive queue every queue pair of the device takes its receives from: messages
+  // (SEND) and WRITE_WITH_IMM notifications of every peer. Each receive owns one slot of a
+  // registered buffer; whoever handles its completion posts it again.
   ibv_srq* srq() const { return srq_; }
   int srq_depth() const { return srq_depth_; }
   static constexpr uint64_t kSrqWrId = 3ull << 56;
-  Status repost_srq(int count);
+  // The slot a receive completion filled (its wr_id), or -1 for a foreign wr_id.
+  int slot_of_wr(uint64_t wr_id) const;
+  const uint8_t* slot_data(int slot) const { return recv_buf_.get() + slot * kRecvSlotBytes; }
+  Status repost_srq(int slot);
 
   const VerbsApi& api() const { return *api_; }
   ibv_context* context() const { return ctx_; }
@@ -69,6 +78,8 @@ class VerbsDevice final : public Transport {
   bool relaxed_ordering_ = false;
   ibv_srq* srq_ = nullptr;
   int srq_depth_ = 0;
+  std::unique_ptr<uint8_t[]> recv_buf_;  // srq_depth_ slots
+  ibv_mr* recv_mr_ = nullptr;
   std::unique_ptr<std::atomic<ibv_mr*>[]> mrs_;  // by region slot
 };
 
