@@ -121,11 +121,13 @@ void Reactor::run(Loop& loop) {
           if (stopping_.load(std::memory_order_relaxed)) break;
           task();
         }
-        tasks.clear();
         continue;
       }
       static_cast<Handler*>(events[i].data.ptr)->on_event(events[i].events);
     }
+    // Tasks (run or skipped while stopping) may own handlers whose events this round already
+    // fetched: they go with the retired ones, after the round.
+    tasks.clear();
     loop.retired.clear();
     last_work = std::chrono::steady_clock::now();
   }
