@@ -179,7 +179,7 @@ void OpPool::spin(const OpState& op, std::chrono::steady_clock::time_point until
   bool polled = false;
   with_progress([&](ProgressSource& s) {
     polled = true;
-    s.spin(op.done, until);
+    s.spin(op.done, until, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
   });
   if (!polled) {
     while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {

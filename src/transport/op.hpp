@@ -53,8 +53,10 @@ class ProgressSource {
  public:
   // Polls once.
   virtual void progress() = 0;
-  // Polls until `done` or `until`.
-  virtual void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until) = 0;
+  // Polls until `done` or `until`; `messages`: the op completes by a message from the peer (a
+  // send's acknowledgement, a receive), not only by a local completion.
+  virtual void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until,
+                    bool messages) = 0;
   // An incomplete op is no longer watched: its completion must wake a progress thread.
   virtual void unwatched() = 0;
 

@@ -21,7 +21,9 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         ("write latency 8 B (ping-pong / 2)", "ferry_pingpong_8", "write_lat_8", 1),
         # a write's completion needs the data there and the ack back: a full round trip
         ("write completion 8 B vs round trip", "ferry_write_lat_8", "write_lat_8", 2),
-        ("read latency 8 B (completion)", "ferry_read_lat_8", "read_lat_8", 1)]
+        ("read latency 8 B (completion)", "ferry_read_lat_8", "read_lat_8", 1),
+        ("send bandwidth 64 KiB", "ferry_send_bw_64k", "send_bw_64k", 1),
+        ("send bandwidth 1 MiB", "ferry_send_bw_1m", "send_bw_1m", 1)]
 print("%-36s %12s %12s %7s" % ("ferry over verbs vs perftest", "ferry", "perftest", "ratio"))
 missing = False
 for name, ours_key, theirs_key, factor in rows:

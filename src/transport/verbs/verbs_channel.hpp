@@ -76,7 +76,8 @@ class VerbsChannel final : public Channel,
   void on_event(uint32_t events) override;
   // ProgressSource: polls the send completion queue unless another thread is polling it.
   void progress() override;
-  void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until) override;
+  void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until,
+            bool messages) override;
   void unwatched() override;
 
  private:
@@ -121,7 +122,7 @@ class VerbsChannel final : public Channel,
   // Completions handled.
   int poll_send();
   int poll_recv();
-  // What a waiter polls: its op may complete by a send completion or by the peer's answer.
+  // Both queues: what Future::test and a waiter for a message poll.
   int poll_both();
   // Polls `cq` empty, passing each completion to `handle`.
   int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&));
