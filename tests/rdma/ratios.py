@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""Ferry-over-verbs / perftest ratios from the METRIC lines of one guest run (make bench-rdma)."""
+"""Ferry-over-verbs / perftest ratios from the METRIC lines of one guest run (make bench-rdma).
+
+A metric measured in several runs (names ending _r1, _r2, ...) counts as the median of them."""
 import re
+import statistics
 import sys
 
-metrics = {}
+runs = {}
 for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"METRIC (\S+) ([0-9.]+) (\S+)", line)
     if m:
         value = float(m.group(2))
         if m.group(3).startswith("MB1e6"):
             value /= 1.048576  # to perftest's 2^20-byte MB
-        metrics[m.group(1)] = value
+        runs.setdefault(re.sub(r"_r[0-9]+$", "", m.group(1)), []).append(value)
+metrics = {name: statistics.median(values) for name, values in runs.items()}
 
 # (label, Ferry's metric, perftest's metric, factor on perftest's figure)
 rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
