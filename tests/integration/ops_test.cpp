@@ -151,6 +151,13 @@ TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 100, dst.bytes.data(), 10));
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 300, dst.bytes.data() + 100, 20));
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 200, dst.bytes.data() + 200, 30));
+  // Counted once each, on the transport that carried them.
+  bool verbs = p.peer.transport() == TransportKind::kVerbs;
+  PeerStats in = p.target_peer.stats(), out = p.peer.stats();
+  EXPECT_EQ(verbs ? in.verbs_messages_received : in.tcp_messages_received, 4u);
+  EXPECT_EQ(verbs ? out.verbs_messages_sent : out.tcp_messages_sent, 4u);
+  EXPECT_EQ(in.tcp_messages_received + in.verbs_messages_received, 4u);
+  EXPECT_EQ(out.tcp_messages_received + out.verbs_messages_received, 0u);
 }
 
 TEST(SendRecv, LargeMessagesAndTruncation) {
