@@ -87,6 +87,11 @@ struct Config {
   Duration connect_timeout = std::chrono::seconds(10);
   // Bytes of unmatched incoming send() messages buffered per peer before refusing more.
   std::size_t max_unexpected_bytes = 64 << 20;
+  // Over verbs, a large message may be written by the sender straight into a posted receive
+  // whose region grants remote write (no copy). Off by default: the sending peer then learns
+  // that region's key and could write anywhere in it until it is deregistered, as a peer given
+  // its descriptor could. Otherwise such messages are sent in pieces and copied.
+  bool zero_copy_receives = false;
 };
 
 // A serializable description of a registered region: what a peer needs to access it.

@@ -567,10 +567,13 @@ Status EngineImpl::connect_verbs(const std::shared_ptr<PeerImpl>& peer, int cont
   if (verbs_ == nullptr) return {ErrorCode::kUnsupported, "verbs chosen but no device is open"};
   std::weak_ptr<PeerImpl> weak = peer;
   try {
-    peer->verbs = transport::verbs::VerbsChannel::create(
-        *this, *verbs_, peer->link, config.verbs_qps, config.busy_poll, [weak](const Status& why) {
-          if (auto p = weak.lock()) p->channel_closed(why);
-        });
+    transport::verbs::VerbsChannel::Options options{config.verbs_qps, config.busy_poll,
+                                                    config.zero_copy_receives};
+    peer->verbs = transport::verbs::VerbsChannel::create(*this, *verbs_, peer->link, options,
+                                                         [weak](const Status& why) {
+                                                           if (auto p = weak.lock())
+                                                             p->channel_closed(why);
+                                                         });
   } catch (const Error& e) {
     return e.status();  // no queue pairs for this peer: it is refused, the engine goes on
   }

@@ -28,7 +28,8 @@ bool Matcher::take_unexpected_locked(uint64_t tag, bool data_only, Unexpected& o
     if (it->tag != tag || (data_only && it->announced)) continue;
     out = std::move(*it);
     unexpected_.erase(it);
-    unexpected_bytes_ -= out.reserved;
+    // An announced message's buffer lives on until its bytes are in (release()).
+    if (!out.announced) unexpected_bytes_ -= out.reserved;
     return true;
   }
   return false;
@@ -78,7 +79,7 @@ Matcher::Arrival Matcher::arrive(uint64_t tag, uint64_t length) {
   std::lock_guard lock(mu_);
   a.recv = take_posted_locked(tag);
   if (a.recv != nullptr) return a;
-  if (unexpected_bytes_ + length > max_unexpected_) {
+  if (length > max_unexpected_ - unexpected_bytes_) {  // never above the limit: no overflow
     a.error = refusal(tag);
     return a;
   }
@@ -104,13 +105,18 @@ OpState* Matcher::announce(uint64_t tag, uint64_t length, std::shared_ptr<Rendez
                            Status& error) {
   std::lock_guard lock(mu_);
   if (OpState* recv = take_posted_locked(tag)) return recv;
-  if (unexpected_bytes_ + length > max_unexpected_) {
+  if (length > max_unexpected_ - unexpected_bytes_) {  // never above the limit: no overflow
     error = refusal(tag);
     return nullptr;
   }
   unexpected_bytes_ += length;
   unexpected_.push_back({tag, {}, std::move(message), length});
   return nullptr;
+}
+
+void Matcher::release(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  unexpected_bytes_ -= bytes;
 }
 
 bool Matcher::fulfil(const Rendezvous* message, std::vector<uint8_t>& data) {

@@ -53,6 +53,9 @@ class Matcher {
   // The bytes of an announced message are in `data`: it becomes a buffered message, unless a
   // receive took it meanwhile (then returns false and leaves `data` alone).
   bool fulfil(const Rendezvous* message, std::vector<uint8_t>& data);
+  // A receive took an announced message (matched()) and its bytes are in: the `length` bytes
+  // reserved for it no longer count.
+  void release(std::size_t bytes);
 
   // Removes every posted receive (the peer is gone); each still holds the transport reference.
   // Announced messages still arriving go too: their bytes will not come.

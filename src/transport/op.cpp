@@ -65,6 +65,7 @@ void OpState::reset_for_reuse() {
   tag = 0;
   peer_token = 0;
   zero_copy = false;
+  ack_due.store(false);
   entries.clear();
   leases.clear();
   lane_count = 0;

@@ -103,8 +103,9 @@ struct OpState {
   // the slices are RDMA WRITEs into its buffer (else CHUNK sends).
   uint64_t peer_token = 0;
   bool zero_copy = false;
-  std::vector<OpEntry> entries;     // capacity kept across reuses: no allocation when warm
-  std::vector<RegionSlot*> leases;  // local regions held until completion
+  std::atomic<bool> ack_due{false};  // a verbs message: the receiver's one ACK is still to come
+  std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
+  std::vector<RegionSlot*> leases;   // local regions held until completion
 
   // Lanes (TCP streams) the op is spread over.
   int lane_count = 0;

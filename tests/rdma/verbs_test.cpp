@@ -209,8 +209,8 @@ TEST_F(Verbs, SmallMessagesGoEagerInOrderPerTag) {
 }
 
 // A large message: announced, then written by the sender straight into a posted receive buffer
-// that grants remote write, or sent in chunks and copied into one that does not; with no
-// receive posted, buffered at the receiver as over TCP.
+// that grants remote write (where the receiver allows zero-copy), or sent in chunks and copied;
+// with no receive posted, buffered at the receiver as over TCP.
 void expect_large_message(Pair& p, Access receive_access, bool zero_copy) {
   constexpr uint64_t kSize = (5 << 20) + 13;
   Buffer src(p.initiator, kSize + 7, Access::kLocal, 22);
@@ -242,8 +242,16 @@ void expect_large_message(Pair& p, Access receive_access, bool zero_copy) {
   EXPECT_EQ(p.target_peer.stats().tcp_messages_received, 0u);
 }
 
-TEST_F(Verbs, LargeMessageIntoARemotelyWritableBufferIsZeroCopy) {
-  expect_large_message(p, Access::kRemoteWrite, true);
+TEST(VerbsMessages, LargeMessageIntoARemotelyWritableBufferIsZeroCopyWhenAllowed) {
+  Config target = test_config();
+  target.zero_copy_receives = true;
+  Pair allowed(target, test_config());
+  ASSERT_EQ(allowed.peer.transport(), TransportKind::kVerbs);
+  expect_large_message(allowed, Access::kRemoteWrite, true);
+}
+
+TEST_F(Verbs, ZeroCopyIsOffByDefault) {
+  expect_large_message(p, Access::kRemoteWrite, false);  // the peer never learns the rkey
 }
 
 TEST_F(Verbs, LargeMessageIntoALocalBufferIsChunked) {

@@ -151,13 +151,14 @@ Status VerbsAddress::decode(std::span<const uint8_t> bytes, VerbsAddress& out) {
 // Set-up
 
 std::shared_ptr<VerbsChannel> VerbsChannel::create(Host& host, VerbsDevice& device,
-                                                   std::shared_ptr<PeerLink> link, int qps,
-                                                   std::chrono::nanoseconds busy_poll,
+                                                   std::shared_ptr<PeerLink> link,
+                                                   const Options& options,
                                                    std::function<void(const Status&)> on_closed) {
   std::shared_ptr<VerbsChannel> ch(
       new VerbsChannel(host, device, std::move(link), std::move(on_closed)));
-  ch->busy_poll_ = busy_poll;
-  if (Status s = ch->init(qps); !s.ok()) throw Error(s);
+  ch->busy_poll_ = options.busy_poll;
+  ch->zero_copy_receives_ = options.zero_copy_receives;
+  if (Status s = ch->init(options.qps); !s.ok()) throw Error(s);
   return ch;
 }
 
@@ -548,6 +549,9 @@ void VerbsChannel::progress() {
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
   if (!self || polling_on_this_thread() || !try_lock_polling()) return;
   if (!quiesced_.load()) poll_both();
+  // What the poll posted (a large message's slices after its CTS) completes with nobody
+  // polling unless the send queue is armed.
+  poll_and_arm_locked();
   unlock_polling();
 }
 
@@ -622,6 +626,7 @@ void VerbsChannel::on_event(uint32_t) {
          std::chrono::steady_clock::now() - last < busy_poll_) {
     if (poll_both() > 0) last = std::chrono::steady_clock::now();
   }
+  poll_and_arm_locked();  // the loop may have posted work (after a CTS) since the arm above
   unlock_polling();
 }
 
@@ -737,6 +742,7 @@ void VerbsChannel::post_send_op(OpState* op) {
   msg.header.tag = op->tag;
   msg.header.id = op->id.load(std::memory_order_relaxed);
   op->pending.store(1);  // the receiver's ACK
+  op->ack_due.store(true);
   if (e.length <= kMessagePayload) {
     msg.header.type = MsgType::kEager;
     msg.payload = e.local;
@@ -806,6 +812,9 @@ void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t
 }
 
 void VerbsChannel::on_rts(const MsgHeader& h) {
+  if (h.a <= kMessagePayload || h.a > UINT32_MAX) {
+    return protocol_error("RTS for a message of " + std::to_string(h.a) + " bytes");
+  }
   auto staged = std::make_shared<Staged>();
   Status refused;
   OpState* recv = link_->matcher.announce(h.tag, h.a, staged, refused);
@@ -831,9 +840,10 @@ void VerbsChannel::start_incoming(OpState* recv, std::shared_ptr<Staged> staged,
   if (recv != nullptr) {
     const OpEntry& dst = recv->entries[0];
     capacity = std::min(length, dst.length);
-    // Zero-copy only into a region whose owner granted remote write: the NIC refuses others.
+    // Zero-copy only where the user allowed it (the peer learns the region's rkey) and into a
+    // region whose owner granted remote write: the NIC refuses others.
     uint32_t rkey = dev_.rkey(dst.local_region);
-    zero_copy = !recv->leases.empty() &&
+    zero_copy = zero_copy_receives_ && !recv->leases.empty() &&
                 allows(recv->leases.front()->access, Access::kRemoteWrite) && rkey != 0;
     if (zero_copy) {
       cts.header.a = reinterpret_cast<uint64_t>(dst.local);
@@ -942,13 +952,13 @@ void VerbsChannel::finish_staged(const Incoming& in) {
     st.complete = true;
     recv = st.recv;
   }
+  // Still queued: it becomes a buffered message. Taken meanwhile: matched() saw `complete` and
+  // delivers (or already waits for it, here). Either way its reservation ends.
+  if (recv == nullptr && link_->matcher.fulfil(&st, st.data)) return;
+  link_->matcher.release(in.length);
   if (recv != nullptr) {
     Matcher::deliver(recv, st.data.data(), st.data.size());
     recv->finish_posted();
-  } else {
-    // Still queued: it becomes a buffered message. Taken meanwhile: matched() saw `complete`
-    // and delivers.
-    link_->matcher.fulfil(&st, st.data);
   }
 }
 
@@ -958,7 +968,10 @@ void VerbsChannel::on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t l
     awaiting_cts_.erase(h.id);  // refused before it was fetched
   }
   OpState* op = link_->pool->lookup(h.id);
-  if (op == nullptr || op->kind != OpKind::kSend) return protocol_error("ACK for no send");
+  // One ACK per message: a second one would complete an op that may still be posting.
+  if (op == nullptr || op->kind != OpKind::kSend || !op->ack_due.exchange(false)) {
+    return protocol_error("ACK for no message sent");
+  }
   auto code = static_cast<ErrorCode>(h.status);
   if (code != ErrorCode::kOk) {
     op->record_error({code, std::string(reinterpret_cast<const char*>(payload), length)});
@@ -1009,7 +1022,10 @@ void VerbsChannel::quiesce() {
   bool held_here = polling_on_this_thread();
   if (!held_here) lock_polling();
   bool already = quiesced_.exchange(true);
-  if (!already) destroy_queue_pairs();
+  if (!already) {
+    destroy_queue_pairs();
+    reclaim_receives();
+  }
   if (!held_here) unlock_polling();
   if (already) return;
   host_.reactor().remove(loop_, comp_->fd);
@@ -1020,6 +1036,18 @@ void VerbsChannel::quiesce() {
   }
   if (on_closed_) on_closed_(reason);
   host_.reactor().retire(loop_, std::move(keep_alive_));
+}
+
+void VerbsChannel::reclaim_receives() {
+  // The shared receive queue serves every peer: slots whose completions this channel will
+  // never handle go back to it unread.
+  ibv_wc wcs[kPollBatch];
+  for (int n; (n = ibv_poll_cq(recv_cq_, kPollBatch, wcs)) > 0;) {
+    for (int i = 0; i < n; ++i) {
+      int slot = dev_.slot_of_wr(wcs[i].wr_id);
+      if (slot >= 0) (void)dev_.repost_srq(slot);
+    }
+  }
 }
 
 void VerbsChannel::stop_after_reactor() {

@@ -54,10 +54,15 @@ class VerbsChannel final : public Channel,
                            public core::Reactor::Handler,
                            public std::enable_shared_from_this<VerbsChannel> {
  public:
-  // Creates the completion queue and `qps` queue pairs in INIT; connect() finishes the set-up.
+  struct Options {
+    int qps = 2;
+    std::chrono::nanoseconds busy_poll{0};
+    bool zero_copy_receives = false;  // Config::zero_copy_receives
+  };
+  // Creates the completion queues and the queue pairs in INIT; connect() finishes the set-up.
   static std::shared_ptr<VerbsChannel> create(Host& host, VerbsDevice& device,
-                                              std::shared_ptr<PeerLink> link, int qps,
-                                              std::chrono::nanoseconds busy_poll,
+                                              std::shared_ptr<PeerLink> link,
+                                              const Options& options,
                                               std::function<void(const Status&)> on_closed);
   ~VerbsChannel() override;
 
@@ -146,6 +151,8 @@ class VerbsChannel final : public Channel,
   void destroy_queue_pairs();
   // On the loop thread: destroys the queue pairs, then reports the channel closed.
   void quiesce();
+  // Returns the shared receive queue's slots still in our receive queue, unhandled.
+  void reclaim_receives();
   Status error_of(const ibv_wc& wc) const;
 
   Host& host_;
@@ -166,6 +173,7 @@ class VerbsChannel final : public Channel,
   bool registered_ = false;
   std::shared_ptr<VerbsChannel> keep_alive_;  // while registered with the reactor
   std::chrono::nanoseconds busy_poll_{0};
+  bool zero_copy_receives_ = false;
   std::atomic<bool> polling_{false};
   std::atomic<int> spinners_{0};         // callers polling the send queue
   std::atomic<int64_t> outstanding_{0};  // signaled work requests not yet completed
