@@ -319,14 +319,7 @@ PostResult VerbsChannel::post(OpState* op) {
     Lane& lane = *lanes_[static_cast<std::size_t>(index)];
     std::lock_guard lock(lane.mu);
     if (lane.dead) continue;  // closing: the close path fails the op
-    op->lane_next[k] = nullptr;
-    if (lane.tail == nullptr) {
-      lane.head = lane.tail = op;
-    } else {
-      int tail_lane = (index - lane.tail->first_lane + n) % n;
-      lane.tail->lane_next[tail_lane] = op;
-      lane.tail = op;
-    }
+    append_locked(lane, index, op);
     pump_locked(lane, index);
     if (lane.head != nullptr) result = PostResult::kQueued;
   }
@@ -335,6 +328,25 @@ PostResult VerbsChannel::post(OpState* op) {
   // thread (the cost of arming is nothing beside the transfer).
   if (op->lane_count > 1) unwatched();
   return result;
+}
+
+void VerbsChannel::append_locked(Lane& lane, int index, OpState* op) {
+  int n = lanes();
+  op->lane_next[(index - op->first_lane + n) % n] = nullptr;
+  if (lane.tail == nullptr) {
+    lane.head = lane.tail = op;
+  } else {
+    lane.tail->lane_next[(index - lane.tail->first_lane + n) % n] = op;
+    lane.tail = op;
+  }
+}
+
+VerbsChannel::OutMsg VerbsChannel::fin_of(const OpState& op) {
+  OutMsg fin;
+  fin.header.type = MsgType::kFin;
+  fin.header.id = op.peer_token;
+  fin.header.a = op.bytes.load(std::memory_order_relaxed);  // the whole message
+  return fin;
 }
 
 void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
@@ -474,10 +486,7 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
         // FIN follows the message's last slice on this queue pair: RC delivers it after every
         // byte was placed. Queued when the chain is full; the outbox goes out before anything
         // posted later.
-        OutMsg fin;
-        fin.header.type = MsgType::kFin;
-        fin.header.id = op->peer_token;
-        fin.header.a = op->bytes.load(std::memory_order_relaxed);
+        OutMsg fin = fin_of(*op);
         if (n < budget) {
           ibv_send_wr& fwr = wrs[n];
           build_message(index, lane.posted + static_cast<uint64_t>(n), fin, fwr, &sges[2 * n]);
@@ -884,20 +893,9 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
   std::lock_guard lock(lane.mu);
   if (lane.dead) return;
   if (slices == 0) {
-    OutMsg fin;
-    fin.header.type = MsgType::kFin;
-    fin.header.id = h.b;
-    fin.header.a = op->bytes.load(std::memory_order_relaxed);
-    lane.outbox.push_back(std::move(fin));
+    lane.outbox.push_back(fin_of(*op));
   } else {
-    op->lane_next[0] = nullptr;
-    if (lane.tail == nullptr) {
-      lane.head = lane.tail = op;
-    } else {
-      int tail_lane = (0 - lane.tail->first_lane + lanes()) % lanes();
-      lane.tail->lane_next[tail_lane] = op;
-      lane.tail = op;
-    }
+    append_locked(lane, 0, op);
   }
   pump_locked(lane, 0);
 }

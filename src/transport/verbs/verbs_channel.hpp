@@ -103,10 +103,14 @@ class VerbsChannel final : public Channel,
   VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
                std::function<void(const Status&)> on_closed);
   Status init(int qps);
+  // Queues `op` behind the lane's waiting ops (lane.mu held); its slices go as credits allow.
+  void append_locked(Lane& lane, int index, OpState* op);
   void pump_locked(Lane& lane, int index);
   // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
   // into `sges`); `seq` is the request's position in the lane's sequence of requests.
   void build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr, ibv_sge* sges);
+  // The FIN that follows a large message's last byte.
+  static OutMsg fin_of(const OpState& op);
   // Queues a message on lane 0 and posts what credits allow.
   void send_message(OutMsg msg);
   void post_send_op(OpState* op);
