@@ -185,7 +185,7 @@ class Future {
  private:
   friend class detail::PeerImpl;
   friend class detail::EngineImpl;
-  explicit Future(detail::OpState* op);  // takes one reference
+  explicit Future(detail::OpState* op) : op_(op) {}  // takes one reference
   detail::OpState* op_ = nullptr;
 };
 

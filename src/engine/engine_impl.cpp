@@ -242,18 +242,39 @@ Future PeerImpl::finish_now(OpState* op, const Status& status) {
   return Future(op);
 }
 
-Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                            uint8_t** addr, uint32_t* region_id) {
+bool PeerImpl::lease_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                           uint8_t** addr, uint32_t* region_id) {
+  if (local == nullptr || !local->valid()) return false;
+  const RegionRecord& rec = *local->record_;
+  if (rec.engine.get() != engine.get()) return false;
+  transport::RegionSlot* slot =
+      engine->regions().try_acquire(rec.id, rec.key, offset, length, Access::kLocal, addr);
+  if (slot == nullptr) return false;
+  op->leases.push_back(slot);
+  *region_id = rec.id;
+  return true;
+}
+
+Status PeerImpl::local_refusal(const Region* local, uint64_t offset, uint64_t length) const {
   if (local == nullptr || !local->valid()) return {ErrorCode::kInvalidArgument, "no local region"};
   const RegionRecord& rec = *local->record_;
   if (rec.engine.get() != engine.get()) {
     return {ErrorCode::kInvalidArgument, "local region belongs to another engine"};
   }
   transport::RegionUse use;
-  Status s = engine->regions().acquire(rec.id, rec.key, offset, length, Access::kLocal, addr, use);
-  if (!s.ok()) return {s.code(), "local " + s.message()};
-  op->leases.push_back(use.detach());
-  if (region_id != nullptr) *region_id = rec.id;
+  uint8_t* addr = nullptr;
+  Status s = engine->regions().acquire(rec.id, rec.key, offset, length, Access::kLocal, &addr, use);
+  // A refused id stays refused (ids are never reused), so this names the same reason.
+  if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
+  return {s.code(), "local " + s.message()};
+}
+
+Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                            uint8_t** addr, uint32_t* region_id) {
+  uint32_t id = 0;
+  if (!lease_local(op, local, offset, length, addr, &id))
+    return local_refusal(local, offset, length);
+  if (region_id != nullptr) *region_id = id;
   return {};
 }
 
@@ -270,61 +291,86 @@ Future PeerImpl::post(OpState* op) {
   return Future(op);
 }
 
+PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
+                                  TransportKind via) {
+  const Descriptor* remote = t.remote;
+  if (remote == nullptr) return Refusal::kNoRemote;
+  if (remote->engine_id != engine_id) return Refusal::kWrongPeer;
+  if (remote->incarnation != incarnation) return Refusal::kStale;
+  if (!allows(remote->access, wanted)) return Refusal::kNotGranted;
+  if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
+    return Refusal::kOutOfBounds;
+  }
+  const Descriptor::Key* key = remote->key_for(via);
+  if (key == nullptr || key->length > sizeof(uint64_t)) return Refusal::kNoKey;
+  uint8_t* local = nullptr;
+  uint32_t local_region = 0;
+  if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
+    return Refusal::kLocal;
+  }
+  if (t.length > 0) {
+    uint64_t remote_key = 0;
+    std::memcpy(&remote_key, key->bytes, key->length);
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset,
+                                  local_region, remote->address + t.remote_offset});
+  }
+  return Refusal::kNone;
+}
+
+Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refusal why) {
+  const Descriptor* remote = t.remote;
+  bool read = op->kind == OpKind::kRead;
+  Status s;
+  switch (why) {
+    case Refusal::kNoRemote:
+      s = {ErrorCode::kInvalidArgument, "no remote descriptor"};
+      break;
+    case Refusal::kWrongPeer:
+      s = {ErrorCode::kWrongPeer, "descriptor of engine " + std::to_string(remote->engine_id) +
+                                      ", peer is " + std::to_string(engine_id)};
+      break;
+    case Refusal::kStale:
+      s = {ErrorCode::kStaleIncarnation, "descriptor from an earlier incarnation of the peer"};
+      break;
+    case Refusal::kNotGranted:
+      s = {ErrorCode::kPermissionDenied, "region " + std::to_string(remote->region_id) +
+                                             " does not grant remote " + (read ? "read" : "write")};
+      break;
+    case Refusal::kOutOfBounds:
+      s = {ErrorCode::kOutOfBounds, "remote offset " + std::to_string(t.remote_offset) +
+                                        " + length " + std::to_string(t.length) +
+                                        " exceeds region length " + std::to_string(remote->length)};
+      break;
+    case Refusal::kNoKey:
+      s = {ErrorCode::kUnsupported,
+           "descriptor has no " +
+               std::string(to_string(verbs ? TransportKind::kVerbs : TransportKind::kTcp)) +
+               " key"};
+      break;
+    default:
+      s = local_refusal(t.local, t.local_offset, t.length);
+      break;
+  }
+  return finish_now(op, {s.code(), std::string(op_name(op->kind, op->with_imm)) + " entry " +
+                                       std::to_string(entry) + ": " + s.message()});
+}
+
 Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
                            uint32_t imm) {
   OpState* op = start_op(kind);
   op->with_imm = with_imm;
   op->imm = imm;
   Access wanted = kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
+  TransportKind via = verbs ? TransportKind::kVerbs : TransportKind::kTcp;
   uint64_t slices = 0, total = 0;
-  std::size_t i = 0;
-  // Messages are built only on failure: the success path allocates nothing.
-  auto refuse = [&](ErrorCode code, const std::string& detail) {
-    return finish_now(op, {code, std::string(op_name(kind, with_imm)) + " entry " +
-                                     std::to_string(i) + ": " + detail});
-  };
-  for (; i < batch.size(); ++i) {
+  // Messages are built only on refusal: the success path allocates nothing.
+  for (std::size_t i = 0; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
-    const Descriptor* remote = t.remote;
-    if (remote == nullptr) return refuse(ErrorCode::kInvalidArgument, "no remote descriptor");
-    if (remote->engine_id != engine_id) {
-      return refuse(ErrorCode::kWrongPeer, "descriptor of engine " +
-                                               std::to_string(remote->engine_id) + ", peer is " +
-                                               std::to_string(engine_id));
+    if (Refusal why = admit(op, t, wanted, via); why != Refusal::kNone) [[unlikely]] {
+      return refuse(op, i, t, why);
     }
-    if (remote->incarnation != incarnation) {
-      return refuse(ErrorCode::kStaleIncarnation,
-                    "descriptor from an earlier incarnation of the peer");
-    }
-    if (!allows(remote->access, wanted)) {
-      return refuse(ErrorCode::kPermissionDenied, "region " + std::to_string(remote->region_id) +
-                                                      " does not grant remote " +
-                                                      (kind == OpKind::kRead ? "read" : "write"));
-    }
-    if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
-      return refuse(ErrorCode::kOutOfBounds, "remote offset " + std::to_string(t.remote_offset) +
-                                                 " + length " + std::to_string(t.length) +
-                                                 " exceeds region length " +
-                                                 std::to_string(remote->length));
-    }
-    TransportKind via = verbs ? TransportKind::kVerbs : TransportKind::kTcp;
-    const Descriptor::Key* key = remote->key_for(via);
-    if (key == nullptr || key->length > sizeof(uint64_t)) {
-      return refuse(ErrorCode::kUnsupported,
-                    "descriptor has no " + std::string(to_string(via)) + " key");
-    }
-    uint8_t* local = nullptr;
-    uint32_t local_region = 0;
-    if (Status s = take_local(op, t.local, t.local_offset, t.length, &local, &local_region);
-        !s.ok()) {
-      return refuse(s.code(), s.message());
-    }
-    if (t.length == 0) continue;
-    uint64_t remote_key = 0;
-    std::memcpy(&remote_key, key->bytes, key->length);
-    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset,
-                                  local_region, remote->address + t.remote_offset});
-    slices += transport::slice_count(t.length, op->slice_bytes);
+    slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
+                                          : transport::slice_count(t.length, op->slice_bytes);
     total += t.length;
   }
   if (slices == 0) return finish_now(op, {});
@@ -334,21 +380,26 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
   if (total > engine->config.stripe_threshold && lanes > 1) {
     op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
     op->first_lane = 0;
+    for (int lane = 0; lane < op->lane_count; ++lane) {
+      transport::LaneCursor& c = op->lanes[lane];
+      c = {};
+      transport::advance(*op, c, static_cast<uint64_t>(lane));
+      c.remaining =
+          slices / static_cast<uint64_t>(op->lane_count) +
+          (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
+    }
   } else {
+    // The turn is a hint: a lost update between racing callers costs nothing, an atomic
+    // increment costs every small operation.
+    unsigned turn = next_lane_.load(std::memory_order_relaxed);
+    next_lane_.store(turn + 1, std::memory_order_relaxed);
     op->lane_count = 1;
-    op->first_lane = static_cast<int>(next_lane_.fetch_add(1, std::memory_order_relaxed) %
-                                      static_cast<unsigned>(lanes));
+    op->first_lane = static_cast<int>(turn % static_cast<unsigned>(lanes));
+    op->lanes[0] = {0, 0, slices};
   }
-  for (int lane = 0; lane < op->lane_count; ++lane) {
-    transport::LaneCursor& c = op->lanes[lane];
-    c = {};
-    transport::advance(*op, c, static_cast<uint64_t>(lane));
-    c.remaining =
-        slices / static_cast<uint64_t>(op->lane_count) +
-        (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
-  }
-  op->pending.store(static_cast<int64_t>(slices));
-  op->bytes.store(total);
+  // Published to the completing thread by the posting (pool and lane synchronisation).
+  op->pending.store(static_cast<int64_t>(slices), std::memory_order_relaxed);
+  op->bytes.store(total, std::memory_order_relaxed);
   return post(op);
 }
 

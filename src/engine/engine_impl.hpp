@@ -81,6 +81,25 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // Validates a local range and leases its region to the op until completion.
   Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
                     uint8_t** addr, uint32_t* region_id = nullptr);
+  // take_local without the reason: the data path's check. local_refusal() gives the reason.
+  bool lease_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                   uint8_t** addr, uint32_t* region_id);
+  [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length) const;
+  // Why a one-sided batch entry cannot go; its message is built only then (refuse()).
+  enum class Refusal : uint8_t {
+    kNone,
+    kNoRemote,
+    kWrongPeer,
+    kStale,
+    kNotGranted,
+    kOutOfBounds,
+    kNoKey,
+    kLocal
+  };
+  // Checks one entry and, if it may go, leases its local region and adds it to the op.
+  Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, TransportKind via);
+  [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
+                              Refusal why);
   Future post(transport::OpState* op);
 
   std::shared_ptr<Control> control_;

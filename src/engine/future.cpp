@@ -7,7 +7,6 @@
 
 namespace ferry {
 
-Future::Future(detail::OpState* op) : op_(op) {}
 Future::Future(const Future& o) : op_(o.op_) {
   if (op_ != nullptr) op_->add_ref();
 }
@@ -51,17 +50,14 @@ Status Future::wait(Duration timeout) const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
   detail::OpState* op = op_;
   if (op->done.load(std::memory_order_acquire)) return op->status;
-  auto start = Clock::now();
   // A short spin catches completions that arrive within a few microseconds without a sleep;
   // where the peer's channel lets callers poll (verbs), the spin polls its completion queue.
-  op->pool->spin(*op, start + std::chrono::nanoseconds(std::min(op->spin_ns, timeout.count())));
-  if (!op->done.load(std::memory_order_acquire)) {
-    auto deadline = start + timeout;
-    std::unique_lock lock(op->mu);
-    if (!op->cv.wait_until(lock, deadline,
-                           [op] { return op->done.load(std::memory_order_acquire); })) {
-      return {ErrorCode::kTimeout, "operation still running after the wait timed out"};
-    }
+  // Its clock starts at its first reading: most waits end before one.
+  Duration spin = std::min(Duration(op->spin_ns), timeout);
+  op->pool->spin(*op, spin);
+  if (!op->done.load(std::memory_order_acquire) &&
+      !op->sleep_until(Clock::now() + (timeout - spin))) {
+    return {ErrorCode::kTimeout, "operation still running after the wait timed out"};
   }
   return op->status;
 }
@@ -73,15 +69,11 @@ uint64_t Future::bytes() const {
 void Future::then(std::function<void(const Status&)> fn) const {
   if (op_ == nullptr || !fn) return;
   detail::OpState* op = op_;
-  {
-    std::unique_lock lock(op->mu);
-    if (op->done.load(std::memory_order_acquire)) {
-      lock.unlock();
-      fn(op->status);
-      return;
-    }
-    op->callback = std::move(fn);
+  if (op->done.load(std::memory_order_acquire)) {
+    fn(op->status);
+    return;
   }
+  op->on_complete(std::move(fn));
   op->pool->unwatched();  // the callback must run without a waiter polling
 }
 

@@ -1,6 +1,7 @@
 #include "transport/op.hpp"
 
 #include <thread>
+#include <utility>
 
 namespace ferry::transport {
 
@@ -34,6 +35,7 @@ void OpState::record_error(const Status& s) {
   if (!has_error) {
     has_error = true;
     status = s;
+    watchers.fetch_or(kError);
   }
 }
 
@@ -46,16 +48,42 @@ bool OpState::complete() {
   }
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
+  // An error's status was written under `mu`: taking it before `done` publishes the status.
+  bool locked_publish = watchers.load() != 0;
+  if (!locked_publish) {
+    done.store(true);
+    if (watchers.load() == 0) return was_posted;  // no sleeper, callback or error: no lock
+  }
   std::function<void(const Status&)> fn;
   {
     std::lock_guard lock(mu);
-    done.store(true, std::memory_order_release);
-    fn = std::move(callback);
-    callback = nullptr;
+    done.store(true);
+    fn = std::exchange(callback, nullptr);
   }
   cv.notify_all();
   if (fn) fn(status);
   return was_posted;
+}
+
+void OpState::on_complete(std::function<void(const Status&)> fn) {
+  {
+    std::unique_lock lock(mu);
+    callback = std::move(fn);
+    watchers.fetch_or(kCallback);
+    if (!done.load()) return;
+    // Completed meanwhile: whichever of complete() and this takes the callback runs it.
+    fn = std::exchange(callback, nullptr);
+  }
+  if (fn) fn(status);
+}
+
+bool OpState::sleep_until(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mu);
+  ++sleepers;
+  watchers.fetch_or(kSleeper);
+  bool finished = cv.wait_until(lock, deadline, [this] { return done.load(); });
+  if (--sleepers == 0) watchers.fetch_and(static_cast<uint8_t>(~kSleeper));
+  return finished;
 }
 
 void OpState::reset_for_reuse() {
@@ -65,18 +93,22 @@ void OpState::reset_for_reuse() {
   tag = 0;
   peer_token = 0;
   zero_copy = false;
-  ack_due.store(false);
+  // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
+  ack_due.store(false, std::memory_order_relaxed);
   entries.clear();
   leases.clear();
   lane_count = 0;
   first_lane = 0;
-  pending.store(0);
-  bytes.store(0);
-  has_error = false;
-  status = Status();
+  pending.store(0, std::memory_order_relaxed);
+  bytes.store(0, std::memory_order_relaxed);
+  if (has_error) {
+    has_error = false;
+    status = Status();
+  }
   callback = nullptr;
-  done.store(false);
-  stage.store(kIdle);
+  watchers.store(0, std::memory_order_relaxed);
+  done.store(false, std::memory_order_relaxed);
+  stage.store(kIdle, std::memory_order_relaxed);
 }
 
 }  // namespace ferry::detail
@@ -87,35 +119,46 @@ OpPool::~OpPool() {
   for (auto& b : blocks_) delete b.load();
 }
 
+OpState* OpPool::at(uint32_t slot) const {
+  Block* block = blocks_[slot >> kBlockBits].load(std::memory_order_acquire);
+  return block->ops[slot & ((1u << kBlockBits) - 1)].load(std::memory_order_acquire);
+}
+
 OpState* OpPool::acquire() {
-  OpState* op;
-  {
-    std::lock_guard lock(mu_);
-    if (!free_.empty()) {
-      op = free_.back();
-      free_.pop_back();
-    } else {
-      uint32_t slot = static_cast<uint32_t>(owned_.size());
-      if (slot >= kBlocks << kBlockBits) {
-        throw Error(ErrorCode::kResourceExhausted, "too many operations in flight on one peer");
-      }
-      owned_.push_back(std::make_unique<OpState>());
-      op = owned_.back().get();
-      op->slot = slot;
-      op->pool = this;
-      Block* block = blocks_[slot >> kBlockBits].load();
-      if (block == nullptr) {
-        block = new Block;
-        blocks_[slot >> kBlockBits].store(block);
-      }
-      block->ops[slot & ((1u << kBlockBits) - 1)].store(op);
+  OpState* op = nullptr;
+  uint64_t top = free_top_.load(std::memory_order_acquire);
+  while (static_cast<uint32_t>(top) != kNoSlot) {
+    OpState* candidate = at(static_cast<uint32_t>(top));
+    // Read before the exchange; if another thread took `candidate` meanwhile, the count in
+    // `top` changed and the exchange fails.
+    uint64_t next = ((top >> 32) + 1) << 32 | candidate->free_next.load(std::memory_order_relaxed);
+    if (free_top_.compare_exchange_weak(top, next, std::memory_order_acquire)) {
+      op = candidate;
+      break;
     }
   }
-  op->reset_for_reuse();
-  uint64_t generation = (op->id.load() >> 32) + 1;
+  if (op == nullptr) {
+    std::lock_guard lock(mu_);
+    uint32_t slot = static_cast<uint32_t>(owned_.size());
+    if (slot >= kBlocks << kBlockBits) {
+      throw Error(ErrorCode::kResourceExhausted, "too many operations in flight on one peer");
+    }
+    owned_.push_back(std::make_unique<OpState>());
+    op = owned_.back().get();
+    op->slot = slot;
+    op->pool = this;
+    Block* block = blocks_[slot >> kBlockBits].load();
+    if (block == nullptr) {
+      block = new Block;
+      blocks_[slot >> kBlockBits].store(block);
+    }
+    block->ops[slot & ((1u << kBlockBits) - 1)].store(op);
+  }
+  // Recycled ops were reset when they came back.
+  uint64_t generation = (op->id.load(std::memory_order_relaxed) >> 32) + 1;
   op->id.store((generation << 32) | op->slot, std::memory_order_release);
   op->pool_keepalive = shared_from_this();
-  op->refs.store(1);
+  op->refs.store(1, std::memory_order_relaxed);
   return op;
 }
 
@@ -131,17 +174,23 @@ OpState* OpPool::lookup(uint64_t id) const {
 }
 
 bool OpPool::mark_posted(OpState* op) {
-  std::lock_guard lock(mu_);
-  if (closed_) return false;
-  op->add_ref();
-  op->stage.store(OpState::kPosted);
-  return true;
+  // Sequentially consistent with close_and_collect: either this sees `closed_`, or the closer
+  // waits for this call to leave and then sees the op posted.
+  posting_.fetch_add(1);
+  bool open = !closed_.load();
+  if (open) {
+    op->add_ref();
+    op->stage.store(OpState::kPosted, std::memory_order_relaxed);
+  }
+  posting_.fetch_sub(1, std::memory_order_release);
+  return open;
 }
 
 std::vector<OpState*> OpPool::close_and_collect() {
   std::vector<OpState*> posted;
   std::lock_guard lock(mu_);
-  closed_ = true;
+  closed_.store(true);
+  while (posting_.load() != 0) std::this_thread::yield();  // a poster is a few instructions away
   for (auto& op : owned_) {
     if (op->stage.load() == OpState::kPosted) {
       op->add_ref();
@@ -176,13 +225,14 @@ void OpPool::progress() {
   with_progress([](ProgressSource& s) { s.progress(); });
 }
 
-void OpPool::spin(const OpState& op, std::chrono::steady_clock::time_point until) {
+void OpPool::spin(const OpState& op, std::chrono::nanoseconds budget) {
   bool polled = false;
   with_progress([&](ProgressSource& s) {
     polled = true;
-    s.spin(op.done, until, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
+    s.spin(op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
   });
   if (!polled) {
+    auto until = std::chrono::steady_clock::now() + budget;
     while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
     }
   }
@@ -204,8 +254,14 @@ void OpPool::clear_progress(ProgressSource* source) {
 }
 
 void OpPool::recycle(OpState* op) {
-  std::lock_guard lock(mu_);
-  free_.push_back(op);
+  op->reset_for_reuse();  // here, off the next operation's path
+  uint64_t top = free_top_.load(std::memory_order_relaxed);
+  uint64_t next;
+  do {
+    op->free_next.store(static_cast<uint32_t>(top), std::memory_order_relaxed);
+    next = ((top >> 32) + 1) << 32 | op->slot;
+  } while (!free_top_.compare_exchange_weak(top, next, std::memory_order_release,
+                                            std::memory_order_relaxed));
 }
 
 }  // namespace ferry::transport

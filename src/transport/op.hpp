@@ -53,9 +53,10 @@ class ProgressSource {
  public:
   // Polls once.
   virtual void progress() = 0;
-  // Polls until `done` or `until`; `messages`: the op completes by a message from the peer (a
+  // Polls until `done` or for about `budget` (timed from the first clock reading, a few polls
+  // in: most spins end sooner); `messages`: the op completes by a message from the peer (a
   // send's acknowledgement, a receive), not only by a local completion.
-  virtual void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until,
+  virtual void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget,
                     bool messages) = 0;
   // An incomplete op is no longer watched: its completion must wake a progress thread.
   virtual void unwatched() = 0;
@@ -89,6 +90,7 @@ struct OpState {
   std::atomic<uint32_t> refs{0};
   std::atomic<uint64_t> id{0};
   uint32_t slot = 0;
+  std::atomic<uint32_t> free_next{0};  // the pool's free stack: the slot below this one
   OpPool* pool = nullptr;
   std::shared_ptr<OpPool> pool_keepalive;  // set while referenced
 
@@ -118,12 +120,18 @@ struct OpState {
   std::atomic<int64_t> pending{0};  // slices (or messages) not yet completed
   std::atomic<uint64_t> bytes{0};
 
-  // Completion.
+  // Completion. complete() takes `mu` only when `watchers` says a callback, a sleeper or a
+  // recorded error (written under `mu`, perhaps by another thread) needs it: each side sets its
+  // flag before checking the other's (`done`), all sequentially consistent, so one of them
+  // always sees the other.
+  enum Watcher : uint8_t { kCallback = 1, kSleeper = 2, kError = 4 };
   std::mutex mu;
   std::condition_variable cv;
-  bool has_error = false;  // guarded by mu
-  Status status;           // guarded by mu until done
-  std::function<void(const Status&)> callback;
+  bool has_error = false;                       // guarded by mu
+  int sleepers = 0;                             // waiters asleep on cv; guarded by mu
+  Status status;                                // guarded by mu until done
+  std::function<void(const Status&)> callback;  // guarded by mu
+  std::atomic<uint8_t> watchers{0};
   std::atomic<bool> done{false};
 
   void add_ref() { refs.fetch_add(1, std::memory_order_relaxed); }
@@ -136,6 +144,10 @@ struct OpState {
   // Marks the operation complete exactly once: releases leases, wakes waiters, runs the callback.
   // Returns false when it was already complete.
   bool complete();
+  // Runs `fn` once the op is complete: now (on this thread) if it is, else on completion.
+  void on_complete(std::function<void(const Status&)> fn);
+  // Sleeps until complete or `deadline`; false on timeout.
+  bool sleep_until(std::chrono::steady_clock::time_point deadline);
   // Completes at once with `s` (nothing was posted).
   void complete_with(const Status& s) {
     if (!s.ok()) record_error(s);
@@ -145,6 +157,7 @@ struct OpState {
   void finish_posted() {
     if (complete()) release();
   }
+  // On recycling: back to a fresh op's state.
   void reset_for_reuse();
 };
 
@@ -160,14 +173,15 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   OpPool(const OpPool&) = delete;
   OpPool& operator=(const OpPool&) = delete;
 
-  // A fresh op with one reference (the caller's), stage kIdle.
+  // A fresh op with one reference (the caller's), stage kIdle. Lock-free unless the pool grows.
   OpState* acquire();
   // The op with this id if it is posted and not complete; no reference is taken: valid only
   // on the stream's progress thread while the op is posted, which keeps a reference.
   OpState* lookup(uint64_t id) const;
 
   // Marks the op posted, taking the transport's reference, unless the pool was closed (then it
-  // returns false and the caller fails the op). Closing and posting exclude each other.
+  // returns false and the caller fails the op). Closing waits for posters inside this call, so
+  // every op is either refused here or collected by close_and_collect.
   bool mark_posted(OpState* op);
   // Closes the pool for posting and returns every posted op still incomplete, each with a
   // reference the caller must release.
@@ -178,8 +192,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   void set_progress(ProgressSource* source);
   void clear_progress(ProgressSource* source);
   void progress();
-  // Polls while `op` is incomplete, up to `until`.
-  void spin(const OpState& op, std::chrono::steady_clock::time_point until);
+  // Polls while `op` is incomplete, for about `budget`.
+  void spin(const OpState& op, std::chrono::nanoseconds budget);
   // Nobody watches an incomplete op any more (a callback was attached, or its last Future
   // went): completions must wake a progress thread.
   void unwatched();
@@ -193,12 +207,17 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
 
   static constexpr uint32_t kBlockBits = 10;
   static constexpr uint32_t kBlocks = 1024;  // up to 1M ops per peer at once
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
   struct Block {
     std::atomic<OpState*> ops[1u << kBlockBits] = {};
   };
-  mutable std::mutex mu_;
-  bool closed_ = false;
-  std::vector<OpState*> free_;
+  OpState* at(uint32_t slot) const;
+  mutable std::mutex mu_;  // owned_ and growth; never taken on the data path
+  std::atomic<bool> closed_{false};
+  std::atomic<int> posting_{0};  // callers inside mark_posted
+  // Free ops: a lock-free stack of slots, (pops << 32) | top slot. The count makes a stale
+  // compare-exchange fail (ABA).
+  std::atomic<uint64_t> free_top_{kNoSlot};
   std::vector<std::unique_ptr<OpState>> owned_;
   std::atomic<Block*> blocks_[kBlocks] = {};
   std::atomic<ProgressSource*> progress_{nullptr};

@@ -54,32 +54,31 @@ void RegionTable::revoke(uint32_t id) {
 
 Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
                             Access wanted, uint8_t** addr, RegionUse& use) {
-  uint32_t index = id & (kMaxRegions - 1);
-  if (index == 0) return {ErrorCode::kUnknownRegion, "region " + std::to_string(id) + " unknown"};
-  RegionSlot& slot = slots_[index];
+  RegionSlot& slot = slots_[id & (kMaxRegions - 1)];
   slot.users.fetch_add(1);
   RegionUse held(&slot);
-  if (slot.id.load() != id) {
-    return {ErrorCode::kUnknownRegion, "region " + std::to_string(id) + " unknown"};
+  ErrorCode code = verdict(slot, id, key, offset, length, wanted);
+  if (code == ErrorCode::kOk) {
+    *addr = slot.base + offset;
+    use = std::move(held);
+    return {};
   }
-  if (slot.state.load() != RegionSlot::kActive) {
-    return {ErrorCode::kRevoked, "region " + std::to_string(id) + " was deregistered"};
+  std::string region = "region " + std::to_string(id);
+  switch (code) {
+    case ErrorCode::kUnknownRegion:
+      return {ErrorCode::kUnknownRegion, region + " unknown"};
+    case ErrorCode::kRevoked:
+      return {ErrorCode::kRevoked, region + " was deregistered"};
+    case ErrorCode::kWrongKey:
+      return {ErrorCode::kWrongKey, region + ": wrong key"};
+    case ErrorCode::kPermissionDenied:
+      return {ErrorCode::kPermissionDenied, region + " does not grant remote " +
+                                                (wanted == Access::kRemoteRead ? "read" : "write")};
+    default:
+      return {ErrorCode::kOutOfBounds, region + ": offset " + std::to_string(offset) +
+                                           " + length " + std::to_string(length) +
+                                           " exceeds its length " + std::to_string(slot.length)};
   }
-  if (slot.key != key)
-    return {ErrorCode::kWrongKey, "region " + std::to_string(id) + ": wrong key"};
-  if (!allows(slot.access, wanted)) {
-    return {ErrorCode::kPermissionDenied, "region " + std::to_string(id) +
-                                              " does not grant remote " +
-                                              (wanted == Access::kRemoteRead ? "read" : "write")};
-  }
-  if (offset > slot.length || length > slot.length - offset) {
-    return {ErrorCode::kOutOfBounds,
-            "region " + std::to_string(id) + ": offset " + std::to_string(offset) + " + length " +
-                std::to_string(length) + " exceeds its length " + std::to_string(slot.length)};
-  }
-  *addr = slot.base + offset;
-  use = std::move(held);
-  return {};
 }
 
 }  // namespace ferry::transport

@@ -79,9 +79,34 @@ class RegionTable {
   // stores the address in `*addr` and the use in `use`.
   Status acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length, Access wanted,
                  uint8_t** addr, RegionUse& use);
+  // The same check for the data path: on success holds a use of the region (give it back with
+  // release()) and returns its slot; else returns nullptr, and acquire() tells why.
+  RegionSlot* try_acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
+                          Access wanted, uint8_t** addr) {
+    RegionSlot& slot = slots_[id & (kMaxRegions - 1)];
+    slot.users.fetch_add(1);
+    if (verdict(slot, id, key, offset, length, wanted) != ErrorCode::kOk) {
+      slot.users.fetch_sub(1);
+      return nullptr;
+    }
+    *addr = slot.base + offset;
+    return &slot;
+  }
   static void release(RegionSlot* slot) { slot->users.fetch_sub(1); }
 
  private:
+  // The first reason the access is refused, or kOk; the caller holds a use of `slot`.
+  static ErrorCode verdict(const RegionSlot& slot, uint32_t id, uint64_t key, uint64_t offset,
+                           uint64_t length, Access wanted) {
+    // Slot 0 is never used: its id 0 would match id 0.
+    if ((id & (kMaxRegions - 1)) == 0 || slot.id.load() != id) return ErrorCode::kUnknownRegion;
+    if (slot.state.load() != RegionSlot::kActive) return ErrorCode::kRevoked;
+    if (slot.key != key) return ErrorCode::kWrongKey;
+    if (!allows(slot.access, wanted)) return ErrorCode::kPermissionDenied;
+    if (offset > slot.length || length > slot.length - offset) return ErrorCode::kOutOfBounds;
+    return ErrorCode::kOk;
+  }
+
   std::unique_ptr<RegionSlot[]> slots_;
   std::mutex mu_;  // guards free_ and next_unused_ (registration only, never the data path)
   std::vector<uint32_t> free_;

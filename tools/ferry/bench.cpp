@@ -83,12 +83,17 @@ void await_round(const uint8_t* rx, uint64_t size, uint64_t round) {
 }
 
 // One round from this side: writes the send area (last byte marked) into the peer's receive
-// area and waits for the write to complete, as ib_write_lat does.
-void pingpong_write(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
-                    uint64_t size, uint64_t round) {
+// area; the caller waits for the write to complete, as ib_write_lat does.
+Future pingpong_post(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
+                     uint64_t size, uint64_t round) {
   buf[2 * size - 1] = round_mark(round);
   Transfer t{&local, size, &remote, 0, size};
-  check(peer.write({&t, 1}).wait(kOpTimeout), "ping-pong write");
+  return peer.write({&t, 1});
+}
+// Takes the Future: its release belongs before the wait for the answer, not after it.
+void pingpong_wait(Future&& f) {
+  Future mine = std::move(f);
+  check(mine.wait(kOpTimeout), "ping-pong write");
 }
 
 // A small registered buffer for the bench's own messages.
@@ -179,7 +184,7 @@ int run_target(const BenchOptions& o) {
       fill(buf.data() + size, size, size);
       for (uint64_t r = 0; r < rounds; ++r) {
         await_round(buf.data(), size, r);
-        pingpong_write(peer, region, buf.data(), initiator, size, r);
+        pingpong_wait(pingpong_post(peer, region, buf.data(), initiator, size, r));
       }
       continue;
     }
@@ -337,16 +342,21 @@ struct Initiator {
                   pp_region.descriptor().to_string());
     std::vector<double> lat_us;
     lat_us.reserve(static_cast<std::size_t>(iters));
+    // A round is the time between two posts, as perftest's ib_write_lat takes it; the clock is
+    // read just after posting, while the write is in flight, not before it.
     auto t0 = BenchClock::now();
+    auto ts = t0;
     for (uint64_t r = 0; r < rounds; ++r) {
-      if (r == static_cast<uint64_t>(kWarmupIters)) t0 = BenchClock::now();
-      auto ts = BenchClock::now();
-      pingpong_write(peer, pp_region, pp.data(), remote, size, r);
-      await_round(pp.data(), size, r);
-      if (r >= static_cast<uint64_t>(kWarmupIters)) {
-        lat_us.push_back(std::chrono::duration<double, std::micro>(BenchClock::now() - ts).count() /
-                         2);
+      Future f = pingpong_post(peer, pp_region, pp.data(), remote, size, r);
+      auto te = BenchClock::now();
+      if (r > static_cast<uint64_t>(kWarmupIters)) {
+        lat_us.push_back(std::chrono::duration<double, std::micro>(te - ts).count() / 2);
+      } else {
+        t0 = te;
       }
+      ts = te;
+      pingpong_wait(std::move(f));
+      await_round(pp.data(), size, r);
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     // The target's answers carried its pattern (all but the round mark).

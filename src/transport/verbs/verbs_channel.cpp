@@ -12,6 +12,7 @@
 
 #include "core/bytes.hpp"
 #include "core/crypto.hpp"
+#include "core/spin_lock.hpp"
 
 namespace ferry::transport::verbs {
 
@@ -87,7 +88,7 @@ struct VerbsChannel::Lane {
     bool imm;         // carried the op's immediate: the op is complete, nothing follows
   };
   ibv_qp* qp = nullptr;
-  std::mutex mu;
+  core::SpinLock mu;
   int sq_free = 0;
   OpState* head = nullptr;  // ops with slices still to post on this lane
   OpState* tail = nullptr;
@@ -96,6 +97,10 @@ struct VerbsChannel::Lane {
   core::Ring<Signaled> signaled;      // in posting order; RC completes them in that order
   uint64_t posted = 0;                // requests posted so far: picks the next header slot
   bool dead = false;                  // in error or draining: post nothing more
+  // The template for a lone small operation (post_single_locked): built once, only the
+  // operation's own fields change per post.
+  ibv_send_wr single_wr{};
+  ibv_sge single_sge{};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -215,6 +220,9 @@ Status VerbsChannel::init(int qps) {
       return {ErrorCode::kSystem, std::string("ibv_create_qp: ") + std::strerror(errno)};
     max_inline_ = attr.cap.max_inline_data;
     lane->sq_free = send_depth - 1;  // one slot kept for draining
+    lane->single_wr.wr_id = wr_id(kWrOp, i);
+    lane->single_wr.sg_list = &lane->single_sge;
+    lane->single_wr.num_sge = 1;
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
@@ -314,6 +322,19 @@ PostResult VerbsChannel::post(OpState* op) {
   }
   PostResult result = PostResult::kAccepted;
   int n = lanes();
+  if (op->lane_count == 1 && op->lanes[0].remaining == 1 && op->entries.size() == 1) {
+    Lane& lane = *lanes_[static_cast<std::size_t>(op->first_lane)];
+    std::lock_guard lock(lane.mu);
+    if (lane.dead) return result;  // closing: the close path fails the op
+    if (lane.head == nullptr && lane.outbox.empty() && lane.imm_pending.empty() &&
+        lane.sq_free > 0) {
+      post_single_locked(lane, op->first_lane, op);
+      return result;
+    }
+    append_locked(lane, op->first_lane, op);
+    pump_locked(lane, op->first_lane);
+    return lane.head != nullptr ? PostResult::kQueued : result;
+  }
   for (int k = 0; k < op->lane_count; ++k) {
     int index = (op->first_lane + k) % n;
     Lane& lane = *lanes_[static_cast<std::size_t>(index)];
@@ -339,6 +360,33 @@ void VerbsChannel::append_locked(Lane& lane, int index, OpState* op) {
     lane.tail->lane_next[(index - lane.tail->first_lane + n) % n] = op;
     lane.tail = op;
   }
+}
+
+void VerbsChannel::post_single_locked(Lane& lane, int index, OpState* op) {
+  const OpEntry& e = op->entries[0];
+  ibv_send_wr& wr = lane.single_wr;
+  lane.single_sge.addr = reinterpret_cast<uint64_t>(e.local);
+  lane.single_sge.length = static_cast<uint32_t>(e.length);
+  lane.single_sge.lkey = dev_.lkey(e.local_region);
+  wr.wr.rdma.remote_addr = e.remote_addr;
+  wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (op->kind == OpKind::kRead) {
+    wr.opcode = IBV_WR_RDMA_READ;
+  } else {
+    wr.opcode = op->with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+    wr.imm_data = htonl(op->imm);
+    if (e.length <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
+    fail_post(lane, index, rc);
+    return;
+  }
+  lane.posted += 1;
+  lane.sq_free -= 1;
+  lane.signaled.push_back({op, 1, 1, op->with_imm});
+  outstanding_.fetch_add(1);
 }
 
 VerbsChannel::OutMsg VerbsChannel::fin_of(const OpState& op) {
@@ -564,7 +612,7 @@ void VerbsChannel::progress() {
   unlock_polling();
 }
 
-void VerbsChannel::spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until,
+void VerbsChannel::spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget,
                         bool messages) {
   // Holding a reference: a completion callback may drop the last other one.
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
@@ -572,6 +620,7 @@ void VerbsChannel::spin(const std::atomic<bool>& done, std::chrono::steady_clock
   spinners_.fetch_add(1);
   // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
   bool nested = polling_on_this_thread();
+  std::chrono::steady_clock::time_point until;
   for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
     if (!nested && try_lock_polling()) {
       // A write or read completes on the send queue alone: one poll per turn keeps its
@@ -583,7 +632,11 @@ void VerbsChannel::spin(const std::atomic<bool>& done, std::chrono::steady_clock
       unlock_polling();
     }
     // The clock every few polls: under emulation a clock read costs as much as a poll.
-    if (i % 8 == 7 && std::chrono::steady_clock::now() >= until) break;
+    if (i % 8 == 7) {
+      auto now = std::chrono::steady_clock::now();
+      if (i == 7) until = now + budget;
+      if (now >= until) break;
+    }
   }
   leave_spin();
 }
@@ -647,6 +700,7 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&))
     if (n <= 0) break;
     handled += n;
     for (int i = 0; i < n; ++i) (this->*handle)(wcs[i]);
+    if (n < kPollBatch) break;  // the queue was empty: a second poll would find little
   }
   return handled;
 }

@@ -81,8 +81,7 @@ class VerbsChannel final : public Channel,
   void on_event(uint32_t events) override;
   // ProgressSource: polls the send completion queue unless another thread is polling it.
   void progress() override;
-  void spin(const std::atomic<bool>& done, std::chrono::steady_clock::time_point until,
-            bool messages) override;
+  void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool messages) override;
   void unwatched() override;
 
  private:
@@ -106,6 +105,8 @@ class VerbsChannel final : public Channel,
   // Queues `op` behind the lane's waiting ops (lane.mu held); its slices go as credits allow.
   void append_locked(Lane& lane, int index, OpState* op);
   void pump_locked(Lane& lane, int index);
+  // Posts a lone single-slice write or read on an idle lane (lane.mu held).
+  void post_single_locked(Lane& lane, int index, OpState* op);
   // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
   // into `sges`); `seq` is the request's position in the lane's sequence of requests.
   void build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr, ibv_sge* sges);
@@ -133,7 +134,8 @@ class VerbsChannel final : public Channel,
   int poll_recv();
   // Both queues: what Future::test and a waiter for a message poll.
   int poll_both();
-  // Polls `cq` empty, passing each completion to `handle`.
+  // Polls `cq` until a poll comes back short of a full batch, passing each completion to
+  // `handle`.
   int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&));
   // With the polling right held: polls the send queue and, unless a caller spins, arms it for
   // an event if completions are outstanding (and polls again: one that landed before the arm
