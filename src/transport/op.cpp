@@ -24,7 +24,11 @@ void advance(const OpState& op, LaneCursor& cursor, uint64_t n) {
 namespace ferry::detail {
 
 void OpState::release() {
-  if (refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The last holder needs no read-modify-write: nobody else can take a reference any more.
+  if (refs.load(std::memory_order_acquire) != 1 &&
+      refs.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+    return;
+  }
   std::shared_ptr<OpPool> keep = std::move(pool_keepalive);
   pool->recycle(this);
   // `keep` may destroy the pool, and this op with it, here.
