@@ -184,7 +184,8 @@ bool OpPool::mark_posted(OpState* op) {
   bool open = !closed_.load();
   if (open) {
     op->add_ref();
-    op->stage.store(OpState::kPosted, std::memory_order_relaxed);
+    // Release: a completion path that finds the op posted (lookup) sees all that set it up.
+    op->stage.store(OpState::kPosted, std::memory_order_release);
   }
   posting_.fetch_sub(1, std::memory_order_release);
   return open;
