@@ -116,9 +116,8 @@ std::vector<TransportInfo> Engine::transports() {
                          [](const auto& p) { return transport::verbs::usable(p); });
     });
     verbs.detail = devices.empty() ? why
-                   : verbs.usable
-                       ? "RC queue pairs: write, read, write_with_imm (send/recv over tcp)"
-                       : "no device has an active port with a usable gid";
+                   : verbs.usable  ? "RC queue pairs: write, read, write_with_imm, send/recv"
+                                   : "no device has an active port with a usable gid";
   } else {
     verbs.detail = why;
   }

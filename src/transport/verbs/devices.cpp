@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -34,6 +35,59 @@ std::string gid_type_from_sysfs(const std::string& device, int port, int index) 
   if (line == "RoCE v2") return "RoCE v2";
   if (line.rfind("IB/RoCE v1", 0) == 0 || line == "RoCE v1") return "RoCE v1";
   return line;
+}
+
+const char* gid_type_name(uint32_t type) {
+  return type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : "RoCE v1";
+}
+
+struct GidEntry {
+  int index;
+  ibv_gid gid;
+  std::string type;
+};
+
+// A port's non-zero GIDs with their types: from one table query where libibverbs has it, else
+// entry by entry.
+std::vector<GidEntry> valid_gids(const VerbsApi& api, ibv_context* ctx, const std::string& device,
+                                 uint8_t port, const ibv_port_attr& pa) {
+  std::vector<GidEntry> out;
+  bool ethernet = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+  if (api.query_gid_table != nullptr && pa.gid_tbl_len > 0) {
+    // The table spans every port of the device; the port's own length bounds it well enough
+    // for one-port devices, and a short answer falls back below.
+    std::vector<ibv_gid_entry> entries(static_cast<std::size_t>(pa.gid_tbl_len) * 4);
+    ssize_t n = api.query_gid_table(ctx, entries.data(), entries.size(), 0, sizeof(ibv_gid_entry));
+    if (n >= 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        const ibv_gid_entry& e = entries[static_cast<std::size_t>(i)];
+        if (e.port_num != port) continue;
+        out.push_back(
+            {static_cast<int>(e.gid_index), e.gid, ethernet ? gid_type_name(e.gid_type) : "IB"});
+      }
+      std::sort(out.begin(), out.end(),
+                [](const GidEntry& a, const GidEntry& b) { return a.index < b.index; });
+      return out;
+    }
+  }
+  for (int i = 0; i < pa.gid_tbl_len; ++i) {
+    GidEntry e{i, {}, {}};
+    if (api.query_gid(ctx, port, i, &e.gid) != 0) break;
+    static const uint8_t zero[16] = {};
+    if (std::memcmp(e.gid.raw, zero, 16) == 0) continue;
+    if (!ethernet) {
+      e.type = "IB";
+    } else if (api.query_gid_ex != nullptr) {
+      ibv_gid_entry entry{};
+      if (api.query_gid_ex(ctx, port, static_cast<uint32_t>(i), &entry, 0, sizeof entry) == 0) {
+        e.type = gid_type_name(entry.gid_type);
+      }
+    } else {
+      e.type = gid_type_from_sysfs(device, port, i);
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 }  // namespace
@@ -87,28 +141,15 @@ std::vector<DeviceInfo> discover(const VerbsApi& api, std::string& why) {
         port.active = pa.state == IBV_PORT_ACTIVE;
         port.link_layer = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand";
         port.active_mtu = mtu_bytes(pa.active_mtu);
-        for (int i = 0; i < pa.gid_tbl_len; ++i) {
-          ibv_gid gid{};
-          if (api.query_gid(ctx, p, i, &gid) != 0) break;
-          static const uint8_t zero[16] = {};
-          if (std::memcmp(gid.raw, zero, 16) == 0) continue;
+        for (const GidEntry& e : valid_gids(api, ctx, dev.name, p, pa)) {
           GidInfo g;
-          g.index = i;
+          g.index = e.index;
           char text[INET6_ADDRSTRLEN] = {};
-          inet_ntop(AF_INET6, gid.raw, text, sizeof text);
+          inet_ntop(AF_INET6, e.gid.raw, text, sizeof text);
           g.address = text;
           static const uint8_t mapped_prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-          g.ipv4_mapped = std::memcmp(gid.raw, mapped_prefix, 12) == 0;
-          if (pa.link_layer != IBV_LINK_LAYER_ETHERNET) {
-            g.type = "IB";
-          } else if (api.query_gid_ex != nullptr) {
-            ibv_gid_entry entry{};
-            if (api.query_gid_ex(ctx, p, static_cast<uint32_t>(i), &entry, 0, sizeof entry) == 0) {
-              g.type = entry.gid_type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2" : "RoCE v1";
-            }
-          } else {
-            g.type = gid_type_from_sysfs(dev.name, p, i);
-          }
+          g.ipv4_mapped = std::memcmp(e.gid.raw, mapped_prefix, 12) == 0;
+          g.type = e.type;
           port.gids.push_back(std::move(g));
         }
         port.chosen_gid = choose_gid(port, -1);

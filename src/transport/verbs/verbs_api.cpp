@@ -59,6 +59,7 @@ Loaded load() {
   if (!ok) return l;
   std::string ignored;
   bind(lib, "_ibv_query_gid_ex", a.query_gid_ex, ignored);
+  bind(lib, "_ibv_query_gid_table", a.query_gid_table, ignored);
   bind(lib, "ibv_reg_mr_iova2", a.reg_mr_iova2, ignored);
   l.ok = true;
   return l;
