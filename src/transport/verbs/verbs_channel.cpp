@@ -12,7 +12,6 @@
 
 #include "core/bytes.hpp"
 #include "core/crypto.hpp"
-#include "core/spin_lock.hpp"
 
 namespace ferry::transport::verbs {
 
@@ -88,7 +87,7 @@ struct VerbsChannel::Lane {
     bool imm;         // carried the op's immediate: the op is complete, nothing follows
   };
   ibv_qp* qp = nullptr;
-  core::SpinLock mu;
+  std::mutex mu;
   int sq_free = 0;
   OpState* head = nullptr;  // ops with slices still to post on this lane
   OpState* tail = nullptr;
