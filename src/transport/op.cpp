@@ -83,11 +83,8 @@ void OpState::on_complete(std::function<void(const Status&)> fn) {
 
 bool OpState::sleep_until(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mu);
-  ++sleepers;
-  watchers.fetch_or(kSleeper);
-  bool finished = cv.wait_until(lock, deadline, [this] { return done.load(); });
-  if (--sleepers == 0) watchers.fetch_and(static_cast<uint8_t>(~kSleeper));
-  return finished;
+  watchers.fetch_or(kSleeper);  // stays set: completing after a sleep just takes the lock
+  return cv.wait_until(lock, deadline, [this] { return done.load(); });
 }
 
 void OpState::reset_for_reuse() {
@@ -124,7 +121,9 @@ OpPool::~OpPool() {
 }
 
 OpState* OpPool::at(uint32_t slot) const {
+  if (slot >= kBlocks << kBlockBits) return nullptr;
   Block* block = blocks_[slot >> kBlockBits].load(std::memory_order_acquire);
+  if (block == nullptr) return nullptr;
   return block->ops[slot & ((1u << kBlockBits) - 1)].load(std::memory_order_acquire);
 }
 
@@ -167,11 +166,7 @@ OpState* OpPool::acquire() {
 }
 
 OpState* OpPool::lookup(uint64_t id) const {
-  uint32_t slot = static_cast<uint32_t>(id);
-  if (slot >= kBlocks << kBlockBits) return nullptr;
-  Block* block = blocks_[slot >> kBlockBits].load(std::memory_order_acquire);
-  if (block == nullptr) return nullptr;
-  OpState* op = block->ops[slot & ((1u << kBlockBits) - 1)].load(std::memory_order_acquire);
+  OpState* op = at(static_cast<uint32_t>(id));
   if (op == nullptr || op->id.load(std::memory_order_acquire) != id) return nullptr;
   if (op->stage.load(std::memory_order_acquire) != OpState::kPosted) return nullptr;
   return op;

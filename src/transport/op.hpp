@@ -128,7 +128,6 @@ struct OpState {
   std::mutex mu;
   std::condition_variable cv;
   bool has_error = false;                       // guarded by mu
-  int sleepers = 0;                             // waiters asleep on cv; guarded by mu
   Status status;                                // guarded by mu until done
   std::function<void(const Status&)> callback;  // guarded by mu
   std::atomic<uint8_t> watchers{0};
@@ -211,8 +210,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   struct Block {
     std::atomic<OpState*> ops[1u << kBlockBits] = {};
   };
-  OpState* at(uint32_t slot) const;
-  mutable std::mutex mu_;  // owned_ and growth; never taken on the data path
+  OpState* at(uint32_t slot) const;  // nullptr for a slot never created
+  mutable std::mutex mu_;            // owned_ and growth; never taken on the data path
   std::atomic<bool> closed_{false};
   std::atomic<int> posting_{0};  // callers inside mark_posted
   // Free ops: a lock-free stack of slots, (pops << 32) | top slot. The count makes a stale

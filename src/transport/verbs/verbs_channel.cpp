@@ -361,21 +361,26 @@ void VerbsChannel::append_locked(Lane& lane, int index, OpState* op) {
   }
 }
 
+void VerbsChannel::fill_slice(const OpState& op, const OpEntry& e, uint64_t offset, uint64_t len,
+                              ibv_send_wr& wr, ibv_sge& sge) const {
+  bool is_write = op.kind != OpKind::kRead;
+  sge.addr = reinterpret_cast<uint64_t>(e.local + offset);
+  sge.length = static_cast<uint32_t>(len);
+  sge.lkey = dev_.lkey(e.local_region);
+  wr.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+  wr.wr.rdma.remote_addr = e.remote_addr + offset;
+  wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
+  if (is_write && len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+}
+
 void VerbsChannel::post_single_locked(Lane& lane, int index, OpState* op) {
   const OpEntry& e = op->entries[0];
   ibv_send_wr& wr = lane.single_wr;
-  lane.single_sge.addr = reinterpret_cast<uint64_t>(e.local);
-  lane.single_sge.length = static_cast<uint32_t>(e.length);
-  lane.single_sge.lkey = dev_.lkey(e.local_region);
-  wr.wr.rdma.remote_addr = e.remote_addr;
-  wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
   wr.send_flags = IBV_SEND_SIGNALED;
-  if (op->kind == OpKind::kRead) {
-    wr.opcode = IBV_WR_RDMA_READ;
-  } else {
-    wr.opcode = op->with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  fill_slice(*op, e, 0, e.length, wr, lane.single_sge);
+  if (op->with_imm) {
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.imm_data = htonl(op->imm);
-    if (e.length <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
   }
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(lane.qp, &wr, &bad); rc != 0) {
@@ -495,18 +500,11 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
       build_message(index, lane.posted + static_cast<uint64_t>(n), chunk, wr, sge);
     } else {
       // A large message's zero-copy slices are RDMA WRITEs like a write's.
-      bool is_write = op->kind != OpKind::kRead;
-      sge->addr = reinterpret_cast<uint64_t>(e.local + offset);
-      sge->length = static_cast<uint32_t>(len);
-      sge->lkey = dev_.lkey(e.local_region);
       wr = {};
       wr.wr_id = wr_id(kWrOp, index);
       wr.sg_list = sge;
       wr.num_sge = 1;
-      wr.opcode = is_write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-      wr.wr.rdma.remote_addr = e.remote_addr + offset;
-      wr.wr.rdma.rkey = static_cast<uint32_t>(e.remote_key);
-      if (is_write && len <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+      fill_slice(*op, e, offset, len, wr, *sge);
     }
     chain(wr);
     ++run_slices;

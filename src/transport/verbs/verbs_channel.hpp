@@ -105,6 +105,10 @@ class VerbsChannel final : public Channel,
   // Queues `op` behind the lane's waiting ops (lane.mu held); its slices go as credits allow.
   void append_locked(Lane& lane, int index, OpState* op);
   void pump_locked(Lane& lane, int index);
+  // The RDMA part of a write or read request for [offset, offset + len) of entry `e`: opcode,
+  // addresses, keys, inline flag (added to `wr.send_flags`).
+  void fill_slice(const OpState& op, const OpEntry& e, uint64_t offset, uint64_t len,
+                  ibv_send_wr& wr, ibv_sge& sge) const;
   // Posts a lone single-slice write or read on an idle lane (lane.mu held).
   void post_single_locked(Lane& lane, int index, OpState* op);
   // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
