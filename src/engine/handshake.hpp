@@ -17,7 +17,9 @@
 namespace ferry::engine {
 
 constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
-constexpr uint16_t kProtocolVersion = 1;
+// 2: an announced verbs message the receiver took is not ACKed (its FIN's delivery completes
+// the send).
+constexpr uint16_t kProtocolVersion = 2;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;

@@ -128,10 +128,12 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
   EXPECT_EQ(engine::decode(foreign, back).code(), ErrorCode::kProtocol);
 
   auto newer = body;
-  newer[4] = 2;  // version
+  newer[4] = engine::kProtocolVersion + 1;  // version
   Status s = engine::decode(newer, back);
   EXPECT_EQ(s.code(), ErrorCode::kVersionMismatch);
-  EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("version " + std::to_string(engine::kProtocolVersion + 1)),
+            std::string::npos)
+      << s.message();
 }
 
 TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {

@@ -55,7 +55,8 @@ struct VerbsChannel::OutMsg {
   const uint8_t* payload = nullptr;  // EAGER: the user's bytes (registered)
   uint32_t payload_length = 0;
   uint32_t payload_lkey = 0;
-  std::string text;  // ACK: the error's text
+  std::string text;              // ACK: the error's text
+  OpState* completes = nullptr;  // FIN: the send its delivery completes
 };
 
 // A large message arriving while no receive is posted: its bytes go into `data`; a receive
@@ -393,11 +394,12 @@ void VerbsChannel::post_single_locked(Lane& lane, int index, OpState* op) {
   outstanding_.fetch_add(1);
 }
 
-VerbsChannel::OutMsg VerbsChannel::fin_of(const OpState& op) {
+VerbsChannel::OutMsg VerbsChannel::fin_of(OpState* op) {
   OutMsg fin;
   fin.header.type = MsgType::kFin;
-  fin.header.id = op.peer_token;
-  fin.header.a = op.bytes.load(std::memory_order_relaxed);  // the whole message
+  fin.header.id = op->peer_token;
+  fin.header.a = op->bytes.load(std::memory_order_relaxed);  // the whole message
+  fin.completes = op;
   return fin;
 }
 
@@ -475,7 +477,8 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
                   &sges[2 * n]);
     wr.send_flags |= IBV_SEND_SIGNALED;
     chain(wr);
-    records[nrec++] = {nullptr, 0, 1, false};
+    OpState* completes = lane.outbox.front().completes;
+    records[nrec++] = {completes, completes != nullptr ? 1u : 0u, 1, false};
     lane.outbox.pop_front();
   }
   uint32_t run_slices = 0;
@@ -529,15 +532,15 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
       if (lane.head == nullptr) lane.tail = nullptr;
       if (op->kind == OpKind::kSend) {
         // FIN follows the message's last slice on this queue pair: RC delivers it after every
-        // byte was placed. Queued when the chain is full; the outbox goes out before anything
-        // posted later.
-        OutMsg fin = fin_of(*op);
+        // byte was placed, and its completion completes the send. Queued when the chain is
+        // full; the outbox goes out before anything posted later.
+        OutMsg fin = fin_of(op);
         if (n < budget) {
           ibv_send_wr& fwr = wrs[n];
           build_message(index, lane.posted + static_cast<uint64_t>(n), fin, fwr, &sges[2 * n]);
           fwr.send_flags |= IBV_SEND_SIGNALED;
           chain(fwr);
-          records[nrec++] = {nullptr, 0, 1, false};
+          records[nrec++] = {op, 1, 1, false};
         } else {
           lane.outbox.push_back(std::move(fin));
         }
@@ -801,7 +804,7 @@ void VerbsChannel::post_send_op(OpState* op) {
   OutMsg msg;
   msg.header.tag = op->tag;
   msg.header.id = op->id.load(std::memory_order_relaxed);
-  op->pending.store(1);  // the receiver's ACK
+  op->pending.store(1);  // the receiver's ACK, or for an announced message the FIN's delivery
   op->ack_due.store(true);
   if (e.length <= kMessagePayload) {
     msg.header.type = MsgType::kEager;
@@ -913,8 +916,7 @@ void VerbsChannel::start_incoming(OpState* recv, std::shared_ptr<Staged> staged,
   {
     std::lock_guard lock(msg_mu_);
     cts.header.b = ++next_token_;
-    incoming_[cts.header.b] =
-        Incoming{recv, std::move(staged), sender_op, length, capacity, 0, zero_copy};
+    incoming_[cts.header.b] = Incoming{recv, std::move(staged), length, capacity, 0, zero_copy};
   }
   cts.header.c = capacity;
   send_message(std::move(cts));
@@ -929,6 +931,15 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
   if (op == nullptr || op->kind != OpKind::kSend) return protocol_error("CTS for no send");
   OpEntry& e = op->entries.front();
   if (h.c > e.length) return protocol_error("CTS capacity beyond the message");
+  // The receiver took the message: it sends no ACK (one now is a protocol error), the FIN's
+  // delivery completes the send.
+  op->ack_due.store(false);
+  if (h.c < e.length) {
+    op->record_error({ErrorCode::kTruncated, "send tag " + std::to_string(op->tag) +
+                                                 ": receiver buffer of " + std::to_string(h.c) +
+                                                 " bytes"});
+  }
+  link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
   op->peer_token = h.b;
   op->zero_copy = h.a != 0;
   e.length = h.c;  // the receiver takes no more; FIN tells it the whole length
@@ -944,7 +955,7 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
   std::lock_guard lock(lane.mu);
   if (lane.dead) return;
   if (slices == 0) {
-    lane.outbox.push_back(fin_of(*op));
+    lane.outbox.push_back(fin_of(op));
   } else {
     append_locked(lane, 0, op);
   }
@@ -981,19 +992,12 @@ void VerbsChannel::on_fin(const MsgHeader& h) {
   link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
   if (in.staged) return finish_staged(in);
   if (in.zero_copy) link_->verbs_messages.zero_copy.fetch_add(1, std::memory_order_relaxed);
-  Status status;
-  if (in.length > in.capacity) {
-    status = {ErrorCode::kTruncated, "send tag " + std::to_string(in.recv->tag) +
-                                         ": receiver buffer of " +
-                                         std::to_string(in.recv->entries[0].length) + " bytes"};
-  }
-  ack(in.sender_op, status);
+  // No ACK: the sender learnt any truncation from CTS, and its FIN's delivery completes it.
   Matcher::settle(in.recv, in.length);
   in.recv->finish_posted();
 }
 
 void VerbsChannel::finish_staged(const Incoming& in) {
-  ack(in.sender_op, {});  // buffered: the sender is done, as over TCP
   Staged& st = *in.staged;
   OpState* recv;
   {

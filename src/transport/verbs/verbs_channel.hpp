@@ -4,15 +4,17 @@
 // order): small ones as one eager SEND into the device's shared receive buffers, large ones by
 // rendezvous (RTS, the receiver's CTS, then RDMA WRITEs straight into a posted receive buffer
 // that grants remote write, or CHUNK sends copied into any other receive buffer, or into a
-// buffer of the receiver's while no receive is posted, then FIN); the receiver answers every
-// message with an ACK carrying its status. Sends complete as over TCP: once the receiver took
-// or buffered the message. Send completions go to a queue that waiting callers poll
-// (Future::wait spins on it); it wakes the progress thread through the completion channel only
-// when no caller spins and completions are outstanding, since each wake-up costs more than the
-// round trip of a small write. Receives (messages, WRITE_WITH_IMM) come from the device's shared
-// receive queue into a second queue, always armed for the progress thread, which waiting
-// callers poll too (a send completes with the receiver's ACK). The progress thread keeps
-// polling for `busy_poll` after the last completion before it sleeps again.
+// buffer of the receiver's while no receive is posted, then FIN). The receiver answers an eager
+// message or a refused announcement with an ACK carrying its status; an announced message it
+// took needs none (CTS told the sender what fits, and RC delivers the FIN after the bytes).
+// Sends complete as over TCP: once the receiver took or buffered the message. Send completions
+// go to a queue that waiting callers poll (Future::wait spins on it); it wakes the progress
+// thread through the completion channel only when no caller spins and completions are
+// outstanding, since each wake-up costs more than the round trip of a small write. Receives
+// (messages, WRITE_WITH_IMM) come from the device's shared receive queue into a second queue,
+// always armed for the progress thread, which waiting callers poll too (an eager send completes
+// with the receiver's ACK). The progress thread keeps polling for `busy_poll` after the last
+// completion before it sleeps again.
 #pragma once
 
 #include <atomic>
@@ -93,7 +95,6 @@ class VerbsChannel final : public Channel,
   struct Incoming {
     OpState* recv;
     std::shared_ptr<Staged> staged;
-    uint64_t sender_op;
     uint64_t length;    // the whole message
     uint64_t capacity;  // what the receive (or buffer) takes of it
     uint64_t received;  // CHUNK bytes so far
@@ -114,8 +115,8 @@ class VerbsChannel final : public Channel,
   // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
   // into `sges`); `seq` is the request's position in the lane's sequence of requests.
   void build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr, ibv_sge* sges);
-  // The FIN that follows a large message's last byte.
-  static OutMsg fin_of(const OpState& op);
+  // The FIN that follows a large message's last byte; its delivery completes `op`.
+  static OutMsg fin_of(OpState* op);
   // Queues a message on lane 0 and posts what credits allow.
   void send_message(OutMsg msg);
   void post_send_op(OpState* op);
