@@ -32,6 +32,7 @@ struct OpState;
 struct RegionRecord;
 class EngineImpl;
 class PeerImpl;
+struct PreparedImpl;
 }  // namespace detail
 
 using Clock = std::chrono::steady_clock;
@@ -189,6 +190,24 @@ class Future {
   detail::OpState* op_ = nullptr;
 };
 
+// A one-sided batch checked once and posted any number of times: the same pages every step
+// (weight sync, KV-cache blocks). Each post() re-checks only the local regions (one deregistered
+// since fails that post with kRevoked) and skips the rest of what write() and read() do per call
+// (descriptor checks, key lookup, slicing plan). Posts may overlap; each has its own Future.
+// The remote memory is the descriptors' of prepare time: the target's NIC or engine still
+// refuses a revoked region.
+class Prepared {
+ public:
+  Prepared() = default;
+  Future post() const;
+  bool valid() const noexcept { return impl_ != nullptr; }
+
+ private:
+  friend class Peer;
+  explicit Prepared(std::shared_ptr<const detail::PreparedImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const detail::PreparedImpl> impl_;
+};
+
 // Tagged messages exchanged with one peer since it connected, by the transport that carried
 // them: messages of a verbs peer travel over verbs, others over TCP.
 struct PeerStats {
@@ -211,6 +230,11 @@ class Peer {
   // Like write(); the target's engine then queues `imm` (see Engine::next_imm) once every
   // byte of the batch is visible in its memory.
   Future write_with_imm(std::span<const Transfer> batch, uint32_t imm) const;
+  // The same operations, prepared to be posted many times (Prepared). Throw Error with the
+  // reason write() / read() would fail with.
+  Prepared prepare_write(std::span<const Transfer> batch) const;
+  Prepared prepare_read(std::span<const Transfer> batch) const;
+  Prepared prepare_write_with_imm(std::span<const Transfer> batch, uint32_t imm) const;
   // Tagged two-sided messages, matched by (peer, tag) in order.
   Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const;
   Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const;

@@ -355,14 +355,19 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
                                        std::to_string(entry) + ": " + s.message()});
 }
 
-Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
-                           uint32_t imm) {
+transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32_t imm) {
   OpState* op = start_op(kind);
   op->with_imm = with_imm;
   op->imm = imm;
-  Access wanted = kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
+  return op;
+}
+
+std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
+                                            uint64_t& slices, uint64_t& total) {
+  Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
   TransportKind via = verbs ? TransportKind::kVerbs : TransportKind::kTcp;
-  uint64_t slices = 0, total = 0;
+  slices = 0;
+  total = 0;
   // Messages are built only on refusal: the success path allocates nothing.
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
@@ -373,8 +378,76 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
                                           : transport::slice_count(t.length, op->slice_bytes);
     total += t.length;
   }
-  if (slices == 0) return finish_now(op, {});
+  return std::nullopt;
+}
 
+Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
+                           uint32_t imm) {
+  OpState* op = start_one_sided(kind, with_imm, imm);
+  uint64_t slices = 0, total = 0;
+  if (std::optional<Future> refused = admit_batch(op, batch, slices, total)) [[unlikely]] {
+    return std::move(*refused);
+  }
+  return plan_and_post(op, slices, total);
+}
+
+std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<const Transfer> batch,
+                                                      bool with_imm, uint32_t imm) {
+  // Checked by the op a write() or read() would post, which then completes unposted.
+  OpState* op = start_one_sided(kind, with_imm, imm);
+  auto p = std::make_shared<PreparedImpl>();
+  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total)) {
+    throw Error(refused->status());
+  }
+  p->peer = shared_from_this();
+  p->kind = kind;
+  p->with_imm = with_imm;
+  p->imm = imm;
+  p->entries = op->entries;
+  // Each local region once, with the span of it the batch touches: a post leases it again.
+  for (const Transfer& t : batch) {
+    const RegionRecord& rec = *t.local->record_;
+    auto it = std::find_if(p->locals.begin(), p->locals.end(),
+                           [&](const PreparedImpl::Local& l) { return l.region_id == rec.id; });
+    if (it == p->locals.end()) {
+      p->locals.push_back({rec.id, rec.key, t.local_offset, t.local_offset + t.length});
+    } else {
+      it->begin = std::min(it->begin, t.local_offset);
+      it->end = std::max(it->end, t.local_offset + t.length);
+    }
+  }
+  finish_now(op, {});  // releases the leases taken while checking
+  return p;
+}
+
+Future PeerImpl::post_prepared(const PreparedImpl& p) {
+  OpState* op = start_one_sided(p.kind, p.with_imm, p.imm);
+  transport::RegionTable& regions = engine->regions();
+  for (const PreparedImpl::Local& l : p.locals) {
+    uint8_t* addr = nullptr;
+    transport::RegionSlot* slot =
+        regions.try_acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal, &addr);
+    if (slot == nullptr) [[unlikely]] {
+      return finish_now(op, prepared_local_refusal(l));
+    }
+    op->leases.push_back(slot);
+  }
+  op->entries.assign(p.entries.begin(), p.entries.end());  // capacity kept: no allocation
+  return plan_and_post(op, p.slices, p.total);
+}
+
+Status PeerImpl::prepared_local_refusal(const PreparedImpl::Local& l) const {
+  transport::RegionUse use;
+  uint8_t* addr = nullptr;
+  Status s = engine->regions().acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal,
+                                       &addr, use);
+  // A refused id stays refused (ids are never reused), so this names the same reason.
+  if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
+  return {s.code(), "prepared batch: local " + s.message()};
+}
+
+Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {
+  if (slices == 0) return finish_now(op, {});
   // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
   int lanes = data_channel().lanes();
   if (total > engine->config.stripe_threshold && lanes > 1) {

@@ -29,6 +29,24 @@
 namespace ferry::detail {
 
 class EngineImpl;
+class PeerImpl;
+
+// What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
+struct PreparedImpl {
+  struct Local {
+    uint32_t region_id;
+    uint64_t key;
+    uint64_t begin, end;  // the span of the region the batch touches
+  };
+  std::shared_ptr<PeerImpl> peer;
+  transport::OpKind kind = transport::OpKind::kWrite;
+  bool with_imm = false;
+  uint32_t imm = 0;
+  std::vector<transport::OpEntry> entries;
+  std::vector<Local> locals;
+  uint64_t slices = 0;
+  uint64_t total = 0;
+};
 
 // What a Region handle owns.
 struct RegionRecord {
@@ -49,6 +67,11 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
 
   Future one_sided(transport::OpKind kind, std::span<const Transfer> batch, bool with_imm,
                    uint32_t imm);
+  // Checks a batch as one_sided() does (throws Error with its refusal) for posting many times.
+  std::shared_ptr<const PreparedImpl> prepare(transport::OpKind kind,
+                                              std::span<const Transfer> batch, bool with_imm,
+                                              uint32_t imm);
+  Future post_prepared(const PreparedImpl& p);
   Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
   Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
   void close(const Status& reason);
@@ -101,6 +124,14 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
                               Refusal why);
   Future post(transport::OpState* op);
+  transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
+  // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
+  // op completed with it.
+  std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
+                                    uint64_t& slices, uint64_t& total);
+  // Plans the lanes of an admitted op and posts it.
+  Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
+  [[gnu::cold]] Status prepared_local_refusal(const PreparedImpl::Local& l) const;
 
   std::shared_ptr<Control> control_;
   std::atomic<unsigned> next_lane_{0};

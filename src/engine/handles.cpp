@@ -34,29 +34,45 @@ void Region::deregister() {
 
 // ---- Peer ----
 namespace {
-Future empty_peer_future() {
+[[noreturn]] void empty_peer() {
   throw Error(ErrorCode::kInvalidArgument, "operation on an empty Peer handle");
 }
 }  // namespace
 
 Future Peer::write(std::span<const Transfer> batch) const {
-  if (!impl_) return empty_peer_future();
+  if (!impl_) empty_peer();
   return impl_->one_sided(transport::OpKind::kWrite, batch, false, 0);
 }
 Future Peer::read(std::span<const Transfer> batch) const {
-  if (!impl_) return empty_peer_future();
+  if (!impl_) empty_peer();
   return impl_->one_sided(transport::OpKind::kRead, batch, false, 0);
 }
 Future Peer::write_with_imm(std::span<const Transfer> batch, uint32_t imm) const {
-  if (!impl_) return empty_peer_future();
+  if (!impl_) empty_peer();
   return impl_->one_sided(transport::OpKind::kWrite, batch, true, imm);
 }
+Prepared Peer::prepare_write(std::span<const Transfer> batch) const {
+  if (!impl_) empty_peer();
+  return Prepared(impl_->prepare(transport::OpKind::kWrite, batch, false, 0));
+}
+Prepared Peer::prepare_read(std::span<const Transfer> batch) const {
+  if (!impl_) empty_peer();
+  return Prepared(impl_->prepare(transport::OpKind::kRead, batch, false, 0));
+}
+Prepared Peer::prepare_write_with_imm(std::span<const Transfer> batch, uint32_t imm) const {
+  if (!impl_) empty_peer();
+  return Prepared(impl_->prepare(transport::OpKind::kWrite, batch, true, imm));
+}
+Future Prepared::post() const {
+  if (!impl_) throw Error(ErrorCode::kInvalidArgument, "post() on an empty Prepared handle");
+  return impl_->peer->post_prepared(*impl_);
+}
 Future Peer::send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const {
-  if (!impl_) return empty_peer_future();
+  if (!impl_) empty_peer();
   return impl_->send(tag, local, offset, length);
 }
 Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const {
-  if (!impl_) return empty_peer_future();
+  if (!impl_) empty_peer();
   return impl_->recv(tag, local, offset, capacity);
 }
 uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }

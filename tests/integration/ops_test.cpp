@@ -124,6 +124,14 @@ TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
   EXPECT_EQ(last.load(), 119u);
 }
 
+TEST(Prepared, PostsTheBatchAgainAndAgain) {
+  Config c = test_config();
+  c.tcp_streams = 2;
+  c.slice_bytes = 256 << 10;  // the large entry is sliced and striped
+  Pair p(c, c);
+  expect_prepared_transfers(p);
+}
+
 TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {
   Pair p;
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 11);

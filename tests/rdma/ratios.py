@@ -28,6 +28,8 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         ("read bandwidth 1 MiB", "ferry_read_bw_1m", "read_bw_1m", 1),
         # both: half the round trip of answered 8-byte writes, p50
         ("write latency 8 B (ping-pong / 2)", "ferry_pingpong_8", "write_lat_8", 1),
+        # the same with one write prepared once and posted every round (Peer::prepare_write)
+        ("  prepared write", "ferry_pingpong_prep_8", "write_lat_8", 1),
         # a write's completion needs the data there and the ack back: a full round trip
         ("write completion 8 B vs round trip", "ferry_write_lat_8", "write_lat_8", 2),
         ("read latency 8 B (completion)", "ferry_read_lat_8", "read_lat_8", 1),

@@ -75,6 +75,8 @@ TEST_F(Verbs, UnstripedWriteWithImmCarriesTheImmediate) {
 }
 
 // Completions that no caller polls for: the send queue must wake the progress thread for them.
+TEST_F(Verbs, PreparedBatchesPostAgainAndAgain) { expect_prepared_transfers(p); }
+
 TEST_F(Verbs, CompletionsWithoutAWaiter) {
   constexpr int kOps = 64;
   constexpr uint64_t kSize = 256;

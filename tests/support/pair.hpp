@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -65,6 +66,69 @@ struct Pair {
   Peer peer;         // initiator -> target
   Peer target_peer;  // target -> initiator
 };
+
+// A scattered batch (odd sizes and offsets, one entry over the slice size) prepared once and
+// posted again and again: each post moves the bytes there at the time; posts may overlap; the
+// checks of write() apply when preparing; a local region deregistered since fails the post.
+inline void expect_prepared_transfers(Pair& p) {
+  constexpr uint64_t kSize = 3 << 20;
+  Buffer src(p.initiator, kSize, Access::kLocal, 40);
+  Buffer back(p.initiator, kSize, Access::kLocal, 41);
+  Buffer remote(p.target, kSize, Access::kRemoteReadWrite, 42);
+  Descriptor d = remote.region.descriptor();
+  struct Range {
+    uint64_t local, remote, length;
+  };
+  const Range ranges[] = {{1, 7, 5}, {4099, 8192, 100000}, {1 << 20, (1 << 20) + 3, (2 << 20) - 8}};
+  std::vector<Transfer> out, in;
+  for (const Range& r : ranges) {
+    out.push_back({&src.region, r.local, &d, r.remote, r.length});
+    in.push_back({&back.region, r.local, &d, r.remote, r.length});
+  }
+  Prepared write = p.peer.prepare_write(out);
+  Prepared read = p.peer.prepare_read(in);
+  for (uint32_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    fill_pattern(src.bytes, 50 + round);
+    ASSERT_TRUE(write.post().wait(kWait).ok());
+    ASSERT_TRUE(read.post().wait(kWait).ok());
+    for (const Range& r : ranges) {
+      ASSERT_EQ(0,
+                std::memcmp(src.bytes.data() + r.local, remote.bytes.data() + r.remote, r.length));
+      ASSERT_EQ(0, std::memcmp(src.bytes.data() + r.local, back.bytes.data() + r.local, r.length));
+    }
+  }
+  Future first = write.post(), second = write.post();
+  EXPECT_TRUE(first.wait(kWait).ok());
+  EXPECT_TRUE(second.wait(kWait).ok());
+  EXPECT_EQ(second.bytes(), 5u + 100000u + (2u << 20) - 8u);
+
+  Prepared notify = p.peer.prepare_write_with_imm(out, 77);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(notify.post().wait(kWait).ok());
+    auto ev = p.target.next_imm(kWait);
+    ASSERT_TRUE(ev.has_value());
+    EXPECT_EQ(ev->imm, 77u);
+  }
+
+  Transfer beyond{&src.region, 0, &d, kSize - 4, 8};
+  try {
+    p.peer.prepare_write({&beyond, 1});
+    ADD_FAILURE() << "an out-of-bounds batch was prepared";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfBounds) << e.what();
+  }
+
+  Buffer gone(p.initiator, 4096, Access::kLocal, 43);
+  Transfer from_gone{&gone.region, 0, &d, 0, 4096};
+  Prepared stale = p.peer.prepare_write({&from_gone, 1});
+  std::vector<uint8_t> before(remote.bytes.begin(), remote.bytes.begin() + 4096);
+  gone.region.deregister();
+  Status s = stale.post().wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kRevoked) << s.to_string();
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), remote.bytes.begin()));
+  EXPECT_THROW(Prepared().post(), Error);
+}
 
 // write_with_imm of `len` bytes, three rounds: at the moment each notification is seen, every
 // byte must already be in the target's memory; one notification per operation.

@@ -82,14 +82,28 @@ void await_round(const uint8_t* rx, uint64_t size, uint64_t round) {
   }
 }
 
-// One round from this side: writes the send area (last byte marked) into the peer's receive
-// area; the caller waits for the write to complete, as ib_write_lat does.
-Future pingpong_post(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
-                     uint64_t size, uint64_t round) {
-  buf[2 * size - 1] = round_mark(round);
-  Transfer t{&local, size, &remote, 0, size};
-  return peer.write({&t, 1});
-}
+// One side's rounds: each writes the send area (last byte marked) into the peer's receive area;
+// the caller waits for the write to complete, as ib_write_lat does. `prepared`: the write is
+// prepared once and posted every round, as ib_write_lat reposts one work request.
+class PingPongWriter {
+ public:
+  PingPongWriter(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
+                 uint64_t size, bool prepared)
+      : peer_(peer), buf_(buf), size_(size), t_{&local, size, &remote, 0, size} {
+    if (prepared) prepared_ = peer.prepare_write({&t_, 1});
+  }
+  Future post(uint64_t round) {
+    buf_[2 * size_ - 1] = round_mark(round);
+    return prepared_.valid() ? prepared_.post() : peer_.write({&t_, 1});
+  }
+
+ private:
+  const Peer& peer_;
+  uint8_t* buf_;
+  uint64_t size_;
+  Transfer t_;
+  Prepared prepared_;
+};
 // Takes the Future: its release belongs before the wait for the answer, not after it.
 void pingpong_wait(Future&& f) {
   Future mine = std::move(f);
@@ -176,15 +190,17 @@ int run_target(const BenchOptions& o) {
     if (cmd == "done") break;
     std::istringstream in(cmd);
     if (cmd.rfind("pingpong ", 0) == 0) {
-      // "pingpong <rounds> <size> <initiator's descriptor>": answer every round.
+      // "pingpong <rounds> <size> <initiator's descriptor> <prepared>": answer every round.
       std::string word, desc;
       uint64_t rounds = 0, size = 0;
-      in >> word >> rounds >> size >> desc;
+      bool prepared = false;
+      in >> word >> rounds >> size >> desc >> prepared;
       Descriptor initiator = Descriptor::parse(desc);
       fill(buf.data() + size, size, size);
+      PingPongWriter writer(peer, region, buf.data(), initiator, size, prepared);
       for (uint64_t r = 0; r < rounds; ++r) {
         await_round(buf.data(), size, r);
-        pingpong_wait(pingpong_post(peer, region, buf.data(), initiator, size, r));
+        pingpong_wait(writer.post(r));
       }
       continue;
     }
@@ -239,20 +255,43 @@ struct Initiator {
     return (static_cast<uint64_t>(slot) * per_op) % (bytes - per_op + 1);
   }
 
-  Future start(const std::string& op, uint64_t size, int slot, std::vector<Transfer>& batch) {
+  std::vector<Prepared> prepared;  // --prepared: one per slot
+
+  // The batch of one slot: `o.batch` entries of `size` bytes, at the same offsets both sides.
+  void fill_batch(uint64_t size, int slot, std::vector<Transfer>& batch) {
     uint64_t base = slot_offset(size, slot);
     batch.resize(static_cast<std::size_t>(o.batch));
     for (int i = 0; i < o.batch; ++i) {
       uint64_t off = base + static_cast<uint64_t>(i) * size;
       batch[static_cast<std::size_t>(i)] = Transfer{&region, off, &remote, off, size};
     }
+  }
+
+  void prepare(const std::string& op, uint64_t size) {
+    prepared.clear();
+    std::vector<Transfer> batch;
+    for (int slot = 0; slot < o.concurrency; ++slot) {
+      fill_batch(size, slot, batch);
+      prepared.push_back(op == "write" ? peer.prepare_write(batch)
+                         : op == "read"
+                             ? peer.prepare_read(batch)
+                             : peer.prepare_write_with_imm(batch, static_cast<uint32_t>(size)));
+    }
+  }
+
+  Future start(const std::string& op, uint64_t size, int slot, std::vector<Transfer>& batch) {
+    if (!prepared.empty()) {
+      if (op == "write_imm") ++imms_sent;
+      return prepared[static_cast<std::size_t>(slot)].post();
+    }
+    fill_batch(size, slot, batch);
     if (op == "write") return peer.write(batch);
     if (op == "read") return peer.read(batch);
     if (op == "write_imm") {
       ++imms_sent;
       return peer.write_with_imm(batch, static_cast<uint32_t>(size));
     }
-    return peer.send(kTagData, region, base, size);
+    return peer.send(kTagData, region, slot_offset(size, slot), size);
   }
 
   bool verify(const std::string& op, uint64_t size) {
@@ -294,6 +333,8 @@ struct Initiator {
       check(peer.write({&w, 1}).wait(kOpTimeout), "prepare read");
       std::fill(buf.begin(), buf.begin() + static_cast<long>(n), 0);
     }
+    prepared.clear();
+    if (o.prepared && op != "send") prepare(op, size);
     std::vector<std::vector<Transfer>> batches(static_cast<std::size_t>(o.concurrency));
     std::vector<double> lat_us;
     lat_us.reserve(static_cast<std::size_t>(iters));
@@ -339,15 +380,16 @@ struct Initiator {
     auto rounds = static_cast<uint64_t>(iters) + kWarmupIters;
     mail.send(peer, kTagSetup,
               "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
-                  pp_region.descriptor().to_string());
+                  pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0"));
     std::vector<double> lat_us;
     lat_us.reserve(static_cast<std::size_t>(iters));
     // A round is the time between two posts, as perftest's ib_write_lat takes it; the clock is
     // read just after posting, while the write is in flight, not before it.
     auto t0 = BenchClock::now();
     auto ts = t0;
+    PingPongWriter writer(peer, pp_region, pp.data(), remote, size, o.prepared);
     for (uint64_t r = 0; r < rounds; ++r) {
-      Future f = pingpong_post(peer, pp_region, pp.data(), remote, size, r);
+      Future f = writer.post(r);
       auto te = BenchClock::now();
       if (r > static_cast<uint64_t>(kWarmupIters)) {
         lat_us.push_back(std::chrono::duration<double, std::micro>(te - ts).count() / 2);
@@ -379,17 +421,17 @@ struct Initiator {
   }
 };
 
-void print_row(const Row& r, bool json, const std::string& transport) {
-  char line[256];
+void print_row(const Row& r, bool json, bool prepared, const std::string& transport) {
+  char line[320];
   if (json) {
     std::snprintf(
         line, sizeof line,
         "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%d,\"concurrency\":%d,"
         "\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mb_per_s\":%.1f,\"ops_per_s\":%.0f,"
-        "\"verified\":%s}",
+        "\"prepared\":%s,\"verified\":%s}",
         transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
         r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
-        r.verified ? "true" : "false");
+        prepared ? "true" : "false", r.verified ? "true" : "false");
   } else {
     std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
                   transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch,
@@ -449,7 +491,7 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   }
   for (const auto& op : ops) {
     for (uint64_t size : sizes)
-      print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
+      print_row(ini.run(op, size), o.json, o.prepared, std::string(to_string(peer.transport())));
   }
   mail.send(peer, kTagSetup, "done");
   std::istringstream report(mail.recv(peer, kTagReport));

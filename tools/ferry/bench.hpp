@@ -27,6 +27,7 @@ struct BenchOptions {
   int busy_poll_us = -1;  // -1: engine default
   int wait_spin_us = -1;
   bool quiet_target = false;
+  bool prepared = false;  // write, read, write_imm and pingpong post batches prepared once
 };
 
 int run_bench(const BenchOptions& options, const std::string& self_path);

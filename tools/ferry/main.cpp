@@ -83,6 +83,8 @@ int run(int argc, char** argv) {
   b->add_option("--busy-poll-us", bench.busy_poll_us, "Progress threads spin this long after work");
   b->add_option("--wait-spin-us", bench.wait_spin_us,
                 "Future::wait spins this long before sleeping");
+  b->add_flag("--prepared", bench.prepared,
+              "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
   b->get_option("--listen")->excludes("--connect");
 
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
