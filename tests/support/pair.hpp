@@ -128,6 +128,10 @@ inline void expect_prepared_transfers(Pair& p) {
   EXPECT_EQ(s.code(), ErrorCode::kRevoked) << s.to_string();
   EXPECT_TRUE(std::equal(before.begin(), before.end(), remote.bytes.begin()));
   EXPECT_THROW(Prepared().post(), Error);
+  // A closed peer fails the post at once.
+  p.peer.close();
+  Status closed = write.post().wait(kWait);
+  EXPECT_EQ(closed.code(), ErrorCode::kPeerLost) << closed.to_string();
 }
 
 // write_with_imm of `len` bytes, three rounds: at the moment each notification is seen, every
