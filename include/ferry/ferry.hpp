@@ -192,10 +192,10 @@ class Future {
 
 // A one-sided batch checked once and posted any number of times: the same pages every step
 // (weight sync, KV-cache blocks). Each post() re-checks only the local regions (one deregistered
-// since fails that post with kRevoked) and skips the rest of what write() and read() do per call
-// (descriptor checks, key lookup, slicing plan). Posts may overlap; each has its own Future.
-// The remote memory is the descriptors' of prepare time: the target's NIC or engine still
-// refuses a revoked region.
+// since fails that post: kRevoked, or kUnknownRegion once its slot was reused) and skips the rest
+// of what write() and read() do per call (descriptor checks, key lookup, slicing plan). Posts may
+// overlap; each has its own Future. The remote memory is the descriptors' of prepare time: the
+// target's NIC or engine still refuses a revoked region.
 class Prepared {
  public:
   Prepared() = default;

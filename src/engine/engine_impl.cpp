@@ -261,9 +261,13 @@ Status PeerImpl::local_refusal(const Region* local, uint64_t offset, uint64_t le
   if (rec.engine.get() != engine.get()) {
     return {ErrorCode::kInvalidArgument, "local region belongs to another engine"};
   }
+  return region_refusal(rec.id, rec.key, offset, length);
+}
+
+Status PeerImpl::region_refusal(uint32_t id, uint64_t key, uint64_t offset, uint64_t length) const {
   transport::RegionUse use;
   uint8_t* addr = nullptr;
-  Status s = engine->regions().acquire(rec.id, rec.key, offset, length, Access::kLocal, &addr, use);
+  Status s = engine->regions().acquire(id, key, offset, length, Access::kLocal, &addr, use);
   // A refused id stays refused (ids are never reused), so this names the same reason.
   if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
   return {s.code(), "local " + s.message()};
@@ -428,22 +432,12 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
     transport::RegionSlot* slot =
         regions.try_acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal, &addr);
     if (slot == nullptr) [[unlikely]] {
-      return finish_now(op, prepared_local_refusal(l));
+      return finish_now(op, region_refusal(l.region_id, l.key, l.begin, l.end - l.begin));
     }
     op->leases.push_back(slot);
   }
   op->entries.assign(p.entries.begin(), p.entries.end());  // capacity kept: no allocation
   return plan_and_post(op, p.slices, p.total);
-}
-
-Status PeerImpl::prepared_local_refusal(const PreparedImpl::Local& l) const {
-  transport::RegionUse use;
-  uint8_t* addr = nullptr;
-  Status s = engine->regions().acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal,
-                                       &addr, use);
-  // A refused id stays refused (ids are never reused), so this names the same reason.
-  if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
-  return {s.code(), "prepared batch: local " + s.message()};
 }
 
 Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {

@@ -108,6 +108,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   bool lease_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
                    uint8_t** addr, uint32_t* region_id);
   [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length) const;
+  // Why the local region `id` refuses [offset, offset + length).
+  [[gnu::cold]] Status region_refusal(uint32_t id, uint64_t key, uint64_t offset,
+                                      uint64_t length) const;
   // Why a one-sided batch entry cannot go; its message is built only then (refuse()).
   enum class Refusal : uint8_t {
     kNone,
@@ -131,7 +134,6 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
                                     uint64_t& slices, uint64_t& total);
   // Plans the lanes of an admitted op and posts it.
   Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
-  [[gnu::cold]] Status prepared_local_refusal(const PreparedImpl::Local& l) const;
 
   std::shared_ptr<Control> control_;
   std::atomic<unsigned> next_lane_{0};

@@ -74,9 +74,9 @@ TEST_F(Verbs, UnstripedWriteWithImmCarriesTheImmediate) {
   expect_imm_after_every_byte(p, 4096, 0x6000);  // the immediate rides on the last slice
 }
 
-// Completions that no caller polls for: the send queue must wake the progress thread for them.
 TEST_F(Verbs, PreparedBatchesPostAgainAndAgain) { expect_prepared_transfers(p); }
 
+// Completions that no caller polls for: the send queue must wake the progress thread for them.
 TEST_F(Verbs, CompletionsWithoutAWaiter) {
   constexpr int kOps = 64;
   constexpr uint64_t kSize = 256;

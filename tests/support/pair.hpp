@@ -130,7 +130,7 @@ inline void expect_prepared_transfers(Pair& p) {
   EXPECT_THROW(Prepared().post(), Error);
   // A closed peer fails the post at once.
   p.peer.close();
-  Status closed = write.post().wait(kWait);
+  Status closed = write.post().wait(std::chrono::milliseconds(100));
   EXPECT_EQ(closed.code(), ErrorCode::kPeerLost) << closed.to_string();
 }
 

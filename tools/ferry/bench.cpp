@@ -236,6 +236,7 @@ struct Row {
   uint64_t size;
   int batch, concurrency, iters;
   double p50_us, p99_us, mb_per_s, ops_per_s;
+  bool prepared;  // posted batches prepared once
   bool verified;
 };
 
@@ -368,7 +369,7 @@ struct Initiator {
     bool verified = verify(op, size);
     if (!verified)
       throw Error(ErrorCode::kProtocol, op + " " + human_size(size) + ": data mismatch");
-    return finish(op, size, o.batch, o.concurrency, iters, secs, lat_us);
+    return finish(op, size, o.batch, o.concurrency, iters, secs, lat_us, !prepared.empty());
   }
 
   // Half round trips of ping-pong writes, with the target answering each one.
@@ -404,12 +405,12 @@ struct Initiator {
     // The target's answers carried its pattern (all but the round mark).
     if (size > 1 && !matches(pp.data(), size - 1, size))
       throw Error(ErrorCode::kProtocol, "ping-pong: data mismatch");
-    return finish("pingpong", size, 1, 1, iters, secs, lat_us);
+    return finish("pingpong", size, 1, 1, iters, secs, lat_us, o.prepared);
   }
 
   // A verified row from the latencies and the elapsed time of `iters` operations.
   static Row finish(const std::string& op, uint64_t size, int batch, int concurrency, int iters,
-                    double secs, std::vector<double>& lat_us) {
+                    double secs, std::vector<double>& lat_us, bool prepared) {
     std::sort(lat_us.begin(), lat_us.end());
     auto pct = [&](double q) {
       return lat_us[static_cast<std::size_t>(q * static_cast<double>(lat_us.size() - 1))];
@@ -417,11 +418,11 @@ struct Initiator {
     double moved = static_cast<double>(size) * batch * iters;
     return Row{op,           size,     batch,     concurrency,
                iters,        pct(0.5), pct(0.99), moved / secs / 1e6,
-               iters / secs, true};
+               iters / secs, prepared, true};
   }
 };
 
-void print_row(const Row& r, bool json, bool prepared, const std::string& transport) {
+void print_row(const Row& r, bool json, const std::string& transport) {
   char line[320];
   if (json) {
     std::snprintf(
@@ -431,7 +432,7 @@ void print_row(const Row& r, bool json, bool prepared, const std::string& transp
         "\"prepared\":%s,\"verified\":%s}",
         transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
         r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
-        prepared ? "true" : "false", r.verified ? "true" : "false");
+        r.prepared ? "true" : "false", r.verified ? "true" : "false");
   } else {
     std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
                   transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch,
@@ -491,7 +492,7 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   }
   for (const auto& op : ops) {
     for (uint64_t size : sizes)
-      print_row(ini.run(op, size), o.json, o.prepared, std::string(to_string(peer.transport())));
+      print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
   }
   mail.send(peer, kTagSetup, "done");
   std::istringstream report(mail.recv(peer, kTagReport));

@@ -741,6 +741,7 @@ void VerbsChannel::handle_send_completion(const ibv_wc& wc) {
   OpState* op = rec.op;
   if (op == nullptr) return;  // a message: its op (if any) completes with the receiver's ACK
   if (op->finish_slices(static_cast<int64_t>(rec.slices))) {
+    if (op->kind == OpKind::kSend) return finish_announced(op);
     bool notify = op->with_imm && !rec.imm;
     if (notify) {
       std::lock_guard lock(op->mu);
@@ -932,14 +933,8 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
   OpEntry& e = op->entries.front();
   if (h.c > e.length) return protocol_error("CTS capacity beyond the message");
   // The receiver took the message: it sends no ACK (one now is a protocol error), the FIN's
-  // delivery completes the send.
+  // delivery completes the send (finish_announced).
   op->ack_due.store(false);
-  if (h.c < e.length) {
-    op->record_error({ErrorCode::kTruncated, "send tag " + std::to_string(op->tag) +
-                                                 ": receiver buffer of " + std::to_string(h.c) +
-                                                 " bytes"});
-  }
-  link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
   op->peer_token = h.b;
   op->zero_copy = h.a != 0;
   e.length = h.c;  // the receiver takes no more; FIN tells it the whole length
@@ -960,6 +955,20 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
     append_locked(lane, 0, op);
   }
   pump_locked(lane, 0);
+}
+
+void VerbsChannel::finish_announced(OpState* op) {
+  // The FIN is delivered: RC placed every byte before it. A smaller receive took a prefix (CTS
+  // said how much), which the receiver reports as truncated too.
+  uint64_t taken = op->entries.front().length;
+  uint64_t length = op->bytes.load(std::memory_order_relaxed);
+  if (taken < length) {
+    op->record_error({ErrorCode::kTruncated, "send tag " + std::to_string(op->tag) +
+                                                 ": receiver buffer of " + std::to_string(taken) +
+                                                 " bytes"});
+  }
+  link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+  op->finish_posted();
 }
 
 void VerbsChannel::on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
@@ -1062,6 +1071,7 @@ void VerbsChannel::destroy_queue_pairs() {
     lane->dead = true;
     lane->head = lane->tail = nullptr;
     lane->imm_pending.clear();
+    lane->outbox.clear();
     lane->signaled.clear();
     if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
     lane->qp = nullptr;
@@ -1092,14 +1102,10 @@ void VerbsChannel::quiesce() {
 }
 
 void VerbsChannel::reclaim_receives() {
-  // The shared receive queue serves every peer: slots whose completions this channel will
-  // never handle go back to it unread.
-  ibv_wc wcs[kPollBatch];
-  for (int n; (n = ibv_poll_cq(recv_cq_, kPollBatch, wcs)) > 0;) {
-    for (int i = 0; i < n; ++i) {
-      int slot = dev_.slot_of_wr(wcs[i].wr_id);
-      if (slot >= 0) (void)dev_.repost_srq(slot);
-    }
+  // What arrived before the close is handled, not dropped: a FIN whose sender completed on its
+  // delivery, a message to buffer, an immediate. (Answers go nowhere: the lanes are dead.) Every
+  // slot then goes back to the shared receive queue, which serves every peer.
+  while (poll_recv() > 0) {
   }
 }
 

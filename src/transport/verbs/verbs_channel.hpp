@@ -126,6 +126,8 @@ class VerbsChannel final : public Channel,
   void on_cts(const MsgHeader& h);
   void on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length);
   void on_fin(const MsgHeader& h);
+  // An announced message's FIN was delivered: its send completes.
+  void finish_announced(OpState* op);
   void on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length);
   // Answers an announced message with CTS: its bytes go into `recv` or `staged`.
   void start_incoming(OpState* recv, std::shared_ptr<Staged> staged, uint64_t sender_op,
