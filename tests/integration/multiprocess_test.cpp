@@ -208,12 +208,12 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
       run(std::string(FERRY_CLI_PATH) + " bench --op read --sizes 65536 --iters 3 --json", json), 0)
       << json;
   EXPECT_NE(json.find("\"verified\":true"), std::string::npos) << json;
-  // Batches prepared once and posted again (Peer::prepare_*), checked the same way. (Not the
-  // ping-pong: over TCP its polling of memory the receiving thread copies into is a data race
-  // by design, which TSan stops; the guest suite runs it over verbs.)
+  // Batches prepared once and posted again (Peer::prepare_*), all in one area, checked the
+  // same way. (Not the ping-pong: over TCP its polling of memory the receiving thread copies
+  // into is a data race by design, which TSan stops; the guest suite runs it over verbs.)
   std::string prepared;
   ASSERT_EQ(run(std::string(FERRY_CLI_PATH) +
-                    " bench --op write,read,write_imm --prepared --sizes 4096,1000003 "
+                    " bench --op write,read,write_imm --prepared --same-area --sizes 4096,1000003 "
                     "--iters 5 --batch 3 --concurrency 2 --json",
                 prepared),
             0)

@@ -151,6 +151,7 @@ Config engine_config(const BenchOptions& o, const std::string& listen) {
   c.secret = o.secret;
   c.progress_threads = o.threads;
   if (o.streams > 0) c.tcp_streams = o.streams;
+  if (o.qps > 0) c.verbs_qps = o.qps;
   if (o.slice_bytes > 0) c.slice_bytes = o.slice_bytes;
   if (o.stripe_bytes > 0) c.stripe_threshold = o.stripe_bytes;
   if (o.busy_poll_us >= 0) c.busy_poll = std::chrono::microseconds(o.busy_poll_us);
@@ -252,6 +253,7 @@ struct Initiator {
   uint64_t imms_sent = 0;
 
   uint64_t slot_offset(uint64_t size, int slot) const {
+    if (o.same_area) return 0;
     uint64_t per_op = size * static_cast<uint64_t>(o.batch);
     return (static_cast<uint64_t>(slot) * per_op) % (bytes - per_op + 1);
   }
@@ -513,6 +515,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
                                    "127.0.0.1:0", "--threads", std::to_string(o.threads)};
   if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
   if (o.streams > 0) args.insert(args.end(), {"--streams", std::to_string(o.streams)});
+  if (o.qps > 0) args.insert(args.end(), {"--qps", std::to_string(o.qps)});
   if (o.slice_bytes > 0) args.insert(args.end(), {"--slice", std::to_string(o.slice_bytes)});
   if (o.stripe_bytes > 0) args.insert(args.end(), {"--stripe", std::to_string(o.stripe_bytes)});
   if (o.busy_poll_us >= 0)

@@ -21,13 +21,15 @@ struct BenchOptions {
   bool json = false;
   std::string secret;
   int streams = 0;            // 0: engine default
+  int qps = 0;                // 0: engine default
   uint64_t slice_bytes = 0;   // 0: engine default
   uint64_t stripe_bytes = 0;  // 0: engine default
   int threads = 1;
   int busy_poll_us = -1;  // -1: engine default
   int wait_spin_us = -1;
   bool quiet_target = false;
-  bool prepared = false;  // write, read, write_imm and pingpong post batches prepared once
+  bool prepared = false;   // write, read, write_imm and pingpong post batches prepared once
+  bool same_area = false;  // write, read, write_imm: every op in flight uses the first area
 };
 
 int run_bench(const BenchOptions& options, const std::string& self_path);

@@ -76,6 +76,7 @@ int run(int argc, char** argv) {
   b->add_flag("--json", bench.json, "One JSON object per result line");
   b->add_option("--secret", bench.secret, "Shared secret for peer authentication");
   b->add_option("--streams", bench.streams, "TCP sockets per peer");
+  b->add_option("--qps", bench.qps, "Verbs queue pairs per peer");
   b->add_option("--slice", bench.slice_bytes, "Slice size in bytes for large transfers");
   b->add_option("--stripe", bench.stripe_bytes,
                 "Operations above this many bytes use every socket");
@@ -85,6 +86,9 @@ int run(int argc, char** argv) {
                 "Future::wait spins this long before sleeping");
   b->add_flag("--prepared", bench.prepared,
               "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
+  b->add_flag("--same-area", bench.same_area,
+              "Operations in flight all use the same buffer area, as perftest's do (default: "
+              "one area each)");
   b->get_option("--listen")->excludes("--connect");
 
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
