@@ -3,19 +3,25 @@
 
 A metric measured in several runs (names ending _r1, _r2, ...) counts as its best run (lowest
 latency, highest bandwidth): a busy host only ever adds time, so the best run of each side is
-the least disturbed one. The ratio of the medians is printed beside it."""
+the least disturbed one. The ratio of the medians is printed beside it, and the median of the
+per-run ratios (run N of each side ran next to each other, so a slow spell of the host hits
+both; one lucky run of either side does not move it)."""
 import re
 import statistics
 import sys
 
 runs = {}
+by_run = {}  # name -> {run number: value}
 for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"METRIC (\S+) ([0-9.]+) (\S+)", line)
     if m:
         value = float(m.group(2))
         if m.group(3).startswith("MB1e6"):
             value /= 1.048576  # to perftest's 2^20-byte MB
-        runs.setdefault(re.sub(r"_r[0-9]+$", "", m.group(1)), []).append((value, m.group(3)))
+        name = re.sub(r"_r[0-9]+$", "", m.group(1))
+        runs.setdefault(name, []).append((value, m.group(3)))
+        run = re.search(r"_r([0-9]+)$", m.group(1))
+        by_run.setdefault(name, {})[int(run.group(1)) if run else 1] = value
 # The best run: the lowest latency, the highest bandwidth.
 metrics = {name: (min if values[0][1] == "usec" else max)(v for v, _ in values)
            for name, values in runs.items()}
@@ -35,8 +41,8 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         ("read latency 8 B (completion)", "ferry_read_lat_8", "read_lat_8", 1),
         ("send bandwidth 64 KiB", "ferry_send_bw_64k", "send_bw_64k", 1),
         ("send bandwidth 1 MiB", "ferry_send_bw_1m", "send_bw_1m", 1)]
-print("%-36s %12s %12s %7s %9s" % ("ferry over verbs vs perftest", "ferry", "perftest", "ratio",
-                                    "(median)"))
+print("%-36s %12s %12s %7s %9s %8s" % ("ferry over verbs vs perftest", "ferry", "perftest",
+                                        "ratio", "(median)", "(pairs)"))
 missing = False
 for name, ours_key, theirs_key, factor in rows:
     ours, theirs = metrics.get(ours_key), metrics.get(theirs_key)
@@ -46,7 +52,10 @@ for name, ours_key, theirs_key, factor in rows:
         continue
     theirs *= factor
     of_medians = medians[ours_key] / (medians[theirs_key] * factor)
-    print("%-36s %12.2f %12.2f %7.2f %9.2f" % (name, ours, theirs, ours / theirs, of_medians))
-print("(bandwidth in MiB/s, latency in us, best of the runs; emulated CPU: only the ratios mean\n"
-      " anything)")
+    ours_runs, theirs_runs = by_run[ours_key], by_run[theirs_key]
+    pairs = [ours_runs[r] / (theirs_runs[r] * factor) for r in ours_runs if r in theirs_runs]
+    print("%-36s %12.2f %12.2f %7.2f %9.2f %8.2f" % (name, ours, theirs, ours / theirs, of_medians,
+                                                    statistics.median(pairs)))
+print("(bandwidth in MiB/s, latency in us, best of the runs; ratio of the best runs, of the\n"
+      " medians, median of the per-run ratios; emulated CPU: only the ratios mean anything)")
 sys.exit(1 if missing else 0)
