@@ -23,6 +23,11 @@ void Matcher::settle(OpState* recv, uint64_t length) {
   }
 }
 
+Status Matcher::truncated_send(uint64_t tag, uint64_t capacity) {
+  return {ErrorCode::kTruncated, "send tag " + std::to_string(tag) + ": receiver buffer of " +
+                                     std::to_string(capacity) + " bytes"};
+}
+
 bool Matcher::take_unexpected_locked(uint64_t tag, bool data_only, Unexpected& out) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (it->tag != tag || (data_only && it->announced)) continue;

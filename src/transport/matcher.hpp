@@ -65,6 +65,8 @@ class Matcher {
   static void deliver(OpState* recv, const uint8_t* data, uint64_t length);
   // Records the bytes a receive got from a message of `length` bytes, and truncation.
   static void settle(OpState* recv, uint64_t length);
+  // The sender's status when a receive of `capacity` bytes took only part of its message.
+  static Status truncated_send(uint64_t tag, uint64_t capacity);
 
  private:
   struct Unexpected {

@@ -271,7 +271,6 @@ struct Initiator {
   }
 
   void prepare(const std::string& op, uint64_t size) {
-    prepared.clear();
     std::vector<Transfer> batch;
     for (int slot = 0; slot < o.concurrency; ++slot) {
       fill_batch(size, slot, batch);

@@ -604,9 +604,7 @@ Status TcpChannel::Stream::end_frame() {
       h.op_id = cur.op_id;
       Status st = frame_error;
       if (frame_op != nullptr && cur.length > frame_op->entries[0].length) {
-        st = {ErrorCode::kTruncated, "send tag " + std::to_string(cur.key) +
-                                         ": receiver buffer of " +
-                                         std::to_string(frame_op->entries[0].length) + " bytes"};
+        st = Matcher::truncated_send(cur.key, frame_op->entries[0].length);
       }
       // The ack is queued before the receiver can run: anything it sends next goes out after it.
       respond(h, st);

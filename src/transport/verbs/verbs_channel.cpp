@@ -866,11 +866,7 @@ void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t
   }
   uint64_t capacity = a.recv->entries[0].length;
   // The ACK goes out before the receiver can run: anything it sends next follows it.
-  ack(h.id, length > capacity
-                ? Status(ErrorCode::kTruncated, "send tag " + std::to_string(h.tag) +
-                                                    ": receiver buffer of " +
-                                                    std::to_string(capacity) + " bytes")
-                : Status());
+  ack(h.id, length > capacity ? Matcher::truncated_send(h.tag, capacity) : Status());
   Matcher::deliver(a.recv, payload, length);
   a.recv->finish_posted();
 }
@@ -962,11 +958,7 @@ void VerbsChannel::finish_announced(OpState* op) {
   // said how much), which the receiver reports as truncated too.
   uint64_t taken = op->entries.front().length;
   uint64_t length = op->bytes.load(std::memory_order_relaxed);
-  if (taken < length) {
-    op->record_error({ErrorCode::kTruncated, "send tag " + std::to_string(op->tag) +
-                                                 ": receiver buffer of " + std::to_string(taken) +
-                                                 " bytes"});
-  }
+  if (taken < length) op->record_error(Matcher::truncated_send(op->tag, taken));
   link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
   op->finish_posted();
 }
@@ -1087,7 +1079,7 @@ void VerbsChannel::quiesce() {
   bool already = quiesced_.exchange(true);
   if (!already) {
     destroy_queue_pairs();
-    reclaim_receives();
+    drain_receives();
   }
   if (!held_here) unlock_polling();
   if (already) return;
@@ -1101,7 +1093,7 @@ void VerbsChannel::quiesce() {
   host_.reactor().retire(loop_, std::move(keep_alive_));
 }
 
-void VerbsChannel::reclaim_receives() {
+void VerbsChannel::drain_receives() {
   // What arrived before the close is handled, not dropped: a FIN whose sender completed on its
   // delivery, a message to buffer, an immediate. (Answers go nowhere: the lanes are dead.) Every
   // slot then goes back to the shared receive queue, which serves every peer.

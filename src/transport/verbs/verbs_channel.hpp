@@ -164,8 +164,9 @@ class VerbsChannel final : public Channel,
   void destroy_queue_pairs();
   // On the loop thread: destroys the queue pairs, then reports the channel closed.
   void quiesce();
-  // Returns the shared receive queue's slots still in our receive queue, unhandled.
-  void reclaim_receives();
+  // Handles what is left in our receive queue (a delivered FIN must not be lost), returning
+  // each slot to the shared receive queue.
+  void drain_receives();
   Status error_of(const ibv_wc& wc) const;
 
   Host& host_;
