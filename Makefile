@@ -1,15 +1,23 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: all deps build run test test-release test-asan test-tsan test-fuzz test-rdma test-rdma-sanitized bench-rdma \
-        check-layers bench-compare format tidy clean
+.PHONY: all deps deps-test deps-bench deps-guest build run install test test-release test-asan test-tsan test-fuzz \
+        test-package test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
+PREFIX ?= /usr/local
 
 all: build
 
+# What each purpose needs (scripts/install-deps.sh): building with the tools, testing, benching.
 deps:
-	@bash scripts/install-deps.sh
+	@bash scripts/install-deps.sh tools
+deps-test:
+	@bash scripts/install-deps.sh test
+deps-bench:
+	@bash scripts/install-deps.sh bench
+deps-guest:
+	@bash scripts/install-deps.sh tools guest
 
 build: deps
 	cmake --preset release >/dev/null
@@ -18,26 +26,29 @@ build: deps
 run: build
 	./build/release/tools/ferry bench
 
-test: deps check-layers test-release tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
-	@echo "all test suites passed (layers, release, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
-	@echo "suites: 8 passed, 0 failed"
+install: build
+	cmake --install build/release --prefix $(PREFIX)
 
-test-release: deps
+test: deps-test check-layers test-release test-package tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
+	@echo "all test suites passed (layers, release, packaging, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
+	@echo "suites: 9 passed, 0 failed"
+
+test-release: deps-test
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS)
 	ctest --preset release
 
-test-asan: deps
+test-asan: deps-test
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS)
 	ctest --preset asan
 
-test-tsan: deps
+test-tsan: deps-test
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS)
 	ctest --preset tsan
 
-test-fuzz: deps
+test-fuzz: deps-test
 	cmake --preset fuzz >/dev/null
 	cmake --build --preset fuzz -j $(JOBS) --target ferry_fuzz_decoders
 	mkdir -p build/fuzz/corpus
@@ -45,7 +56,7 @@ test-fuzz: deps
 
 # Real ibverbs in a qemu guest with Soft-RoCE (tests/rdma/README.md): the project's binaries
 # plus perftest's self-check, in one boot.
-test-rdma: deps
+test-rdma: deps-test
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS)
 	mkdir -p build/rdma-guest
@@ -57,7 +68,7 @@ test-rdma: deps
 
 # The verbs suite and the message tests built with ASan+UBSan and with TSan, in the guest (after
 # test-asan and test-tsan built them): the verbs data path exists only there.
-test-rdma-sanitized: deps
+test-rdma-sanitized: deps-test
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS) --target ferry_verbs_tests ferry_integration_tests
 	cmake --preset tsan >/dev/null
@@ -72,16 +83,21 @@ test-rdma-sanitized: deps
 	  --bin build/rdma-guest/sanitized/ferry_integration_tests_tsan
 
 # Ferry over verbs against perftest, in one guest run; prints ratios.
-bench-rdma: deps
+bench-rdma: deps-guest
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS)
 	bash tests/rdma/run-guest.sh --tests tests/rdma/bench.tests --timeout 900 --bin build/release/tools/ferry
 	python3 tests/rdma/ratios.py build/rdma-guest/last-run.log
 
+# Ferry as another project uses it: install layout, find_package, pkg-config, add_subdirectory,
+# FetchContent, and every cpp block of the README.
+test-package: test-release
+	bash tests/package/run.sh build/release
+
 check-layers:
 	@bash scripts/check-layers.sh
 
-bench-compare: build
+bench-compare: deps-bench build
 	bash bench/compare_tcp.sh
 
 format:

@@ -14,12 +14,13 @@ check() {  # check DIR ALLOWED_REGEX
            grep -vE "#include \"($allowed)" || true)
 }
 
-vocab='ferry/error\.hpp|ferry/types\.hpp'
+vocab='ferry/error\.hpp|ferry/types\.hpp|ferry/export\.hpp'
 check src/core      "core/|$vocab"
 check src/transport "core/|transport/|$vocab"
 check src/engine    "core/|transport/|engine/|ferry/"
 check tools         "ferry/|bench\.hpp"
 check include/ferry "ferry/"
+check examples      "ferry/|two_process\.hpp"
 # A transport's private headers never cross into another transport.
 for t in src/transport/*/; do
   name=$(basename "$t")

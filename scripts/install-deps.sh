@@ -1,28 +1,55 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Ferry builds, tests and benchmarks with.
+# Installs the Debian packages that one purpose needs, and nothing more:
+#   build   the library alone          tools   + the ferry command
+#   test    everything make test runs  bench   + the peers of bench/compare_*.sh
+#   guest   the Soft-RoCE qemu guest (tests/rdma)
+# Usage: scripts/install-deps.sh [PURPOSE...]   (default: build)
 # Idempotent: only missing packages are fetched, so repeated `make` calls stay fast.
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config
-  clang libclang-rt-14-dev          # libFuzzer target for the wire decoders
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libssl-dev           # CLI parsing; HMAC-SHA256 for the handshake
-  iperf3 ucx-utils                  # peers measured side by side in bench/compare_tcp.sh
-  libibverbs-dev ibverbs-providers  # verbs transport; rxe provider for the Soft-RoCE guest
-  qemu-system-x86 busybox-static cpio xz-utils zstd   # tests/rdma: qemu guest + initramfs
-  ibverbs-utils perftest iproute2   # tests/rdma: ibv_devinfo, ib_*_bw/lat, `rdma link`
-)
+build=(build-essential cmake ninja-build pkg-config
+       libssl-dev                       # HMAC-SHA256 for the handshake
+       libibverbs-dev)                  # verbs headers (libibverbs itself is loaded at run time)
+tools=(libcli11-dev)
+guest=(qemu-system-x86 busybox-static cpio xz-utils zstd   # qemu guest + initramfs
+       ibverbs-providers ibverbs-utils perftest iproute2)  # rxe provider, ibv_devinfo, perftest
+test=(libgtest-dev libgmock-dev
+      clang libclang-rt-14-dev clang-tidy  # libFuzzer target, clang-tidy
+      binutils)                                            # readelf/nm for the package test
+bench=(iperf3 ucx-utils)
+
+packages=()
+for purpose in "${@:-build}"; do
+  case $purpose in
+    build) packages+=("${build[@]}") ;;
+    tools) packages+=("${build[@]}" "${tools[@]}") ;;
+    guest) packages+=("${guest[@]}") ;;
+    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}") ;;
+    bench) packages+=("${build[@]}" "${tools[@]}" "${bench[@]}") ;;
+    *) echo "install-deps: unknown purpose '$purpose' (build, tools, test, bench, guest)" >&2
+       exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
+readarray -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
+install_line="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  sudo=(sudo -n)
+else
+  echo "install-deps: these packages are missing and installing them needs root:" >&2
+  echo "  apt-get update && $install_line" >&2
+  echo "Ask an administrator to run that line (or run it with sudo), then try again." >&2
+  exit 1
+fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

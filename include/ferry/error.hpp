@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "ferry/export.hpp"
+
 namespace ferry {
 
 enum class ErrorCode : uint16_t {
@@ -34,10 +36,10 @@ enum class ErrorCode : uint16_t {
 };
 
 // Stable lower-case name of a code ("out_of_bounds").
-const char* to_string(ErrorCode code) noexcept;
+FERRY_API const char* to_string(ErrorCode code) noexcept;
 
 // The outcome of a call: a code and, for failures, a message naming the failed call.
-class Status {
+class FERRY_API Status {
  public:
   Status() = default;
   Status(ErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -56,7 +58,7 @@ class Status {
 
 // Thrown by set-up calls (engine creation, registration, connect). Data-path calls never
 // throw: their failures arrive in the Future's Status.
-class Error : public std::runtime_error {
+class FERRY_API Error : public std::runtime_error {
  public:
   explicit Error(Status status)
       : std::runtime_error(status.to_string()), status_(std::move(status)) {}

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/export.hpp"
 #include "ferry/types.hpp"
 
 namespace ferry {
@@ -47,21 +48,28 @@ inline std::vector<TransportKind> default_transports() {
 }
 
 struct Config {
+  // Accept connecting peers. An engine that only initiates can set false: it opens no port
+  // (address() is then empty), and each peer it connects to still uses its connection both
+  // ways (either side may start operations).
+  bool listen = true;
   // Address and port to accept peers on; port 0 picks a free one (see Engine::address()).
-  std::string listen_host = "0.0.0.0";
+  // The default accepts peers on this host only; "0.0.0.0" (or "::") accepts them on every
+  // interface. An open listener grants nothing by itself: every access needs a region's
+  // descriptor (its key), and with `secret` set only peers that prove it get past the handshake.
+  std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
   // Transports this engine may use, best first among those both sides offer. TCP is always
   // needed: it carries the control connection and two-sided messages, and is the fallback.
   std::vector<TransportKind> transports = default_transports();
   // Verbs: device name (empty: the first with an active port; an unknown name is an error),
   // GID index (-1: the routable RoCE v2 GID), and queue pairs per peer.
-  std::string rdma_device;
+  std::string rdma_device{};
   int rdma_gid_index = -1;
   int verbs_qps = 2;
   // Threads that drive sockets and completions.
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).
-  std::string secret;
+  std::string secret{};
   // Stable engine id; 0 picks a random one. The incarnation is always new per Engine.
   uint64_t engine_id = 0;
 
@@ -97,7 +105,7 @@ struct Config {
 
 // A serializable description of a registered region: what a peer needs to access it.
 // The binary form is versioned; to_string() gives a printable form, parse() reads it back.
-class Descriptor {
+class FERRY_API Descriptor {
  public:
   static constexpr int kMaxKeys = 4;
   struct Key {
@@ -126,7 +134,7 @@ class Descriptor {
 
 // A registered memory region. Owns the registration: destroying it (or deregister())
 // revokes remote access and waits until no in-flight operation touches the memory.
-class Region {
+class FERRY_API Region {
  public:
   Region() = default;
   Region(Region&&) noexcept;
@@ -161,7 +169,7 @@ struct Transfer {
 
 // The completion of one operation. Copies share the operation; its state is never reused
 // while any Future refers to it.
-class Future {
+class FERRY_API Future {
  public:
   Future() = default;
   Future(const Future&);
@@ -196,7 +204,7 @@ class Future {
 // of what write() and read() do per call (descriptor checks, key lookup, slicing plan). Posts may
 // overlap; each has its own Future. The remote memory is the descriptors' of prepare time: the
 // target's NIC or engine still refuses a revoked region.
-class Prepared {
+class FERRY_API Prepared {
  public:
   Prepared() = default;
   Future post() const;
@@ -221,7 +229,7 @@ struct PeerStats {
 };
 
 // A connected peer. Either side may start operations; one connection carries both directions.
-class Peer {
+class FERRY_API Peer {
  public:
   Peer() = default;
 
@@ -263,19 +271,24 @@ struct ImmEvent {
 struct TransportInfo {
   TransportKind kind{};
   bool usable = false;
-  std::string detail;                // why not, or what it found
-  std::vector<std::string> devices;  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
+  std::string detail{};                // why not, or what it found
+  std::vector<std::string> devices{};  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
 };
 
-class Engine {
+class FERRY_API Engine {
  public:
   explicit Engine(const Config& config = {});
   ~Engine();  // shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // "host:port" that peers can connect to (the listen host, or 127.0.0.1 for 0.0.0.0).
+  // "host:port" that peers can connect to: the listen host, or for a wildcard listen host
+  // ("0.0.0.0", "::") the first address of an interface that is up, one other hosts can
+  // reach when there is one. Empty when the engine does not listen.
   std::string address() const;
+  // Every "host:port" peers can connect to, the best first (other hosts' reach first, this
+  // host's loopback last).
+  std::vector<std::string> addresses() const;
   uint16_t port() const;
   uint64_t id() const;
   uint64_t incarnation() const;

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "ferry/export.hpp"
+
 namespace ferry {
 
 // What a peer may do with a registered region. Local use is always allowed.
@@ -30,6 +32,6 @@ enum class TransportKind : uint8_t {
   kCudaIpc = 4,
 };
 
-std::string_view to_string(TransportKind kind) noexcept;
+FERRY_API std::string_view to_string(TransportKind kind) noexcept;
 
 }  // namespace ferry

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -12,6 +14,7 @@
 #include <cerrno>
 #include <charconv>
 #include <memory>
+#include <vector>
 
 #include "core/sys.hpp"
 
@@ -93,6 +96,33 @@ Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
   }
 }
 }  // namespace
+
+std::vector<std::string> reachable_hosts(const std::string& listen_host) {
+  bool any_v4 = listen_host.empty() || listen_host == "0.0.0.0";
+  bool any_v6 = listen_host == "::";
+  if (!any_v4 && !any_v6) return {listen_host};
+  std::vector<std::string> remote, loopback;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || !(a->ifa_flags & IFF_UP)) continue;
+      int family = a->ifa_addr->sa_family;
+      if (family != AF_INET && !(family == AF_INET6 && any_v6)) continue;
+      if (family == AF_INET6 &&
+          IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr))
+        continue;
+      char host[NI_MAXHOST];
+      socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      if (::getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+        continue;
+      ((a->ifa_flags & IFF_LOOPBACK) ? loopback : remote).emplace_back(host);
+    }
+    ::freeifaddrs(list);
+  }
+  if (loopback.empty()) loopback.emplace_back(any_v6 ? "::1" : "127.0.0.1");
+  remote.insert(remote.end(), loopback.begin(), loopback.end());
+  return remote;
+}
 
 Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port) {
   AddrInfoPtr ai;

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ferry/error.hpp"
 
@@ -47,6 +48,11 @@ struct HostPort {
 
 // Accepts "host:port", "[v6addr]:port" and ":port" (any host).
 Status parse_host_port(std::string_view text, HostPort& out);
+
+// The hosts a peer can connect to when we listen on `listen_host`: itself, or for a wildcard
+// ("", "0.0.0.0", "::") the address of every interface that is up (IPv6 ones only for "::";
+// no link-local ones, which need a scope), other hosts' reach first and loopback last.
+std::vector<std::string> reachable_hosts(const std::string& listen_host);
 
 Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port);
 Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out);

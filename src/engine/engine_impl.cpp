@@ -554,12 +554,12 @@ EngineImpl::EngineImpl(const Config& cfg)
     }
   }
   reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
-  core::HostPort where{config.listen_host, config.listen_port};
-  core::throw_if_error(core::listen_tcp(where, listener_, port));
-  advertised_host =
-      (config.listen_host == "0.0.0.0" || config.listen_host == "::" || config.listen_host.empty())
-          ? "127.0.0.1"
-          : config.listen_host;
+  if (config.listen) {
+    core::HostPort where{config.listen_host, config.listen_port};
+    core::throw_if_error(core::listen_tcp(where, listener_, port));
+    for (auto& host : core::reachable_hosts(config.listen_host))
+      advertised.push_back(core::HostPort{std::move(host), port}.to_string());
+  }
   stop_event_ = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_event_.valid()) throw Error(core::sys_status("eventfd"));
 }

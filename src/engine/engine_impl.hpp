@@ -173,7 +173,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   const uint64_t id;
   const uint64_t incarnation;
   uint16_t port = 0;
-  std::string advertised_host;
+  std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 
  private:
   void acceptor_loop();

@@ -102,8 +102,9 @@ Engine::Engine(const Config& config) : impl_(std::make_shared<detail::EngineImpl
 Engine::~Engine() { shutdown(); }
 
 std::string Engine::address() const {
-  return core::HostPort{impl_->advertised_host, impl_->port}.to_string();
+  return impl_->advertised.empty() ? std::string() : impl_->advertised.front();
 }
+std::vector<std::string> Engine::addresses() const { return impl_->advertised; }
 uint16_t Engine::port() const { return impl_->port; }
 uint64_t Engine::id() const { return impl_->id; }
 uint64_t Engine::incarnation() const { return impl_->incarnation; }

@@ -34,6 +34,48 @@ TEST(Lifecycle, ShutdownCancelsInFlightOperations) {
   EXPECT_FALSE(p->target_peer.connected());
 }
 
+TEST(Lifecycle, AnEngineThatDoesNotListenOpensNoPortAndServesItsPeersBothWays) {
+  Config quiet = test_config();
+  quiet.listen = false;
+  Engine initiator(quiet);
+  EXPECT_EQ(initiator.address(), "");
+  EXPECT_TRUE(initiator.addresses().empty());
+  EXPECT_EQ(initiator.port(), 0);
+
+  Engine target(test_config());
+  Peer to_target = initiator.connect(target.address());
+  std::optional<Peer> to_initiator = target.accept(kWait);
+  ASSERT_TRUE(to_initiator.has_value());
+  // The target starts an operation too, over the connection the initiator opened.
+  std::vector<uint8_t> mine(4096, 0), theirs(4096);
+  fill_pattern(theirs, 3);
+  Region granted = initiator.register_memory(mine.data(), mine.size(), Access::kRemoteWrite);
+  Region source = target.register_memory(theirs.data(), theirs.size(), Access::kLocal);
+  Descriptor d = granted.descriptor();
+  Transfer t{&source, 0, &d, 0, theirs.size()};
+  ASSERT_TRUE(to_initiator->write({&t, 1}).wait(kWait).ok());
+  EXPECT_EQ(mine, theirs);
+}
+
+TEST(Lifecycle, AWildcardListenerAdvertisesInterfaceAddressesWithLoopbackLast) {
+  Config any = test_config();
+  any.listen_host = "0.0.0.0";
+  Engine target(any);
+  std::vector<std::string> addresses = target.addresses();
+  ASSERT_FALSE(addresses.empty());
+  EXPECT_EQ(target.address(), addresses.front());
+  std::string port = ":" + std::to_string(target.port());
+  for (const auto& a : addresses) {
+    EXPECT_NE(a.rfind("0.0.0.0", 0), 0u) << "a wildcard is no address to connect to";
+    EXPECT_EQ(a.substr(a.size() - port.size()), port);
+  }
+  EXPECT_EQ(addresses.back(), "127.0.0.1" + port);
+  // Only the loopback entry is dialled: tests send no traffic to other interfaces.
+  Engine initiator(test_config());
+  Peer peer = initiator.connect(addresses.back());
+  EXPECT_TRUE(peer.connected());
+}
+
 TEST(Lifecycle, ClosingAPeerFailsItsWorkWithCancelled) {
   Pair p;
   std::vector<uint8_t> a(64);
