@@ -34,6 +34,7 @@ void target(const std::string& listen, const std::function<void(const std::strin
     }
   }
   std::cout << "target: consumed " << kSlots << " slots, each complete when notified" << std::endl;
+  example::serve_until_closed(peer);  // the initiator leaves once its writes completed
 }
 
 void initiator(const std::string& offer) {
@@ -56,7 +57,6 @@ void initiator(const std::string& offer) {
   }
   for (auto& f : posted) example::check(f.wait(10s), "write_with_imm");
   std::cout << "initiator: " << kSlots << " slots written, each with its notification" << std::endl;
-  example::serve_until_closed(peer);  // the target leaves once it consumed every slot
 }
 
 int main(int argc, char** argv) { return example::run(argc, argv, target, initiator); }

@@ -189,6 +189,7 @@ class FERRY_API Future {
   uint64_t bytes() const;
   // Calls `fn` once with the final status: at once if already done, else from the thread that
   // handles the completion (a progress thread, or a caller polling in wait() / test()).
+  // Several callbacks run in the order they were given.
   void then(std::function<void(const Status&)> fn) const;
 
  private:

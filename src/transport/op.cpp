@@ -72,6 +72,12 @@ bool OpState::complete() {
 void OpState::on_complete(std::function<void(const Status&)> fn) {
   {
     std::unique_lock lock(mu);
+    if (callback) {  // a further callback runs after the earlier ones, none replaces them
+      fn = [first = std::move(callback), then = std::move(fn)](const Status& s) {
+        first(s);
+        then(s);
+      };
+    }
     callback = std::move(fn);
     watchers.fetch_or(kCallback);
     if (!done.load()) return;

@@ -1,0 +1,75 @@
+"""Ferry: peer-to-peer transfers between registered memory of two processes.
+
+    import ferry, numpy as np
+    target = ferry.Engine()
+    buf = np.zeros(1 << 20, dtype=np.uint8)
+    region = target.register(buf, access=ferry.Access.REMOTE_WRITE)
+    blob = region.descriptor()                     # bytes: hand it to the initiator
+
+    initiator = ferry.Engine(listen=False)
+    peer = initiator.connect(target.address)
+    src = initiator.register(np.full(4096, 7, dtype=np.uint8))
+    peer.write(src, blob).wait(5.0)                # or: await peer.write(src, blob)
+
+Page-table batches: pass integer arrays as offsets (and lengths, or one block size):
+    peer.write(src, blob, local_offset=idx * 4096, remote_offset=slots * 4096, length=4096)
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Any
+
+from . import _ferry
+from ._aio import Notifications
+from .errors import *  # noqa: F401,F403  (the exception classes are part of the package)
+from .errors import BY_CODE, FerryError
+
+_ferry._set_error_classes(dict(BY_CODE))  # type: ignore[attr-defined]
+
+Access = _ferry.Access
+Region = _ferry.Region
+Peer = _ferry.Peer
+Prepared = _ferry.Prepared
+Future = _ferry.Future
+ImmEvent = _ferry.ImmEvent
+__version__: str = _ferry.__version__  # type: ignore[attr-defined]
+
+_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+class Engine(_ferry.Engine):
+    __doc__ = _ferry.Engine.__doc__
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        _live_engines.add(self)
+
+    def notifications(self) -> Notifications:
+        """An async iterator of write_with_imm notifications (see ferry.Notifications)."""
+        return Notifications(self)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def transports() -> list[dict[str, Any]]:
+    """Transports compiled in and whether they are usable here, and why not."""
+    return _ferry.Engine.transports()
+
+
+@atexit.register
+def _shutdown_engines() -> None:
+    # Before the interpreter winds down: no Ferry thread calls into Python after this.
+    for engine in list(_live_engines):
+        engine.shutdown()
+
+
+__all__ = [
+    "Access", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
+    "FerryError", "transports", "__version__",
+] + [cls.__name__ for cls in BY_CODE.values()]

@@ -1,0 +1,103 @@
+// ferry.Future: wait with a timeout (the GIL released, Ctrl-C honoured), poll, callbacks.
+// Awaiting one in asyncio is in ferry/_aio.py, on top of add_done_callback.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "bindings.hpp"
+
+namespace ferry::python {
+namespace {
+
+using namespace nb::literals;
+using namespace std::chrono_literals;
+
+// A wait is cut into slices so that a signal (Ctrl-C) interrupts it between two.
+constexpr Duration kSignalCheckInterval = 100ms;
+
+Status wait_for(const PyFuture& f, std::optional<double> timeout) {
+  auto deadline = timeout ? Clock::now() + std::chrono::duration_cast<Duration>(
+                                               std::chrono::duration<double>(*timeout))
+                          : Clock::time_point::max();
+  if (timeout && !(*timeout >= 0 && std::isfinite(*timeout)))
+    throw Error(ErrorCode::kInvalidArgument, "timeout must be >= 0 seconds");
+  for (;;) {
+    Duration slice = std::min<Duration>(kSignalCheckInterval, deadline - Clock::now());
+    Status s;
+    {
+      nb::gil_scoped_release unlocked;
+      s = f.future.wait(std::max<Duration>(slice, Duration::zero()));
+    }
+    if (s.code() != ErrorCode::kTimeout || f.future.test()) return f.future.status();
+    if (Clock::now() >= deadline) return s;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
+}  // namespace
+
+void bind_future(nb::module_& m) {
+  nb::class_<PyFuture>(m, "Future",
+                       "The completion of one operation. Awaitable in asyncio; any thread may "
+                       "wait on it.")
+      .def(
+          "wait",
+          [](const PyFuture& f, std::optional<double> timeout) {
+            Status s = wait_for(f, timeout);
+            if (!s.ok()) raise_status(s);
+            return f.future.bytes();
+          },
+          "timeout"_a = nb::none(),
+          "Wait up to `timeout` seconds (None: until done). Returns the bytes moved; raises "
+          "the operation's error, or ferry.Timeout while it is still running.")
+      .def(
+          "done", [](const PyFuture& f) { return f.future.test(); },
+          "True once completed, successfully or not.")
+      .def_prop_ro(
+          "bytes", [](const PyFuture& f) { return f.future.bytes(); },
+          "Bytes moved; for recv(), the length of the message received.")
+      .def(
+          "exception",
+          [](const PyFuture& f) -> nb::object {
+            Status s = f.future.status();
+            if (s.ok()) return nb::none();
+            if (s.code() == ErrorCode::kInProgress)
+              raise_status({ErrorCode::kInProgress, "the operation is still running"});
+            try {
+              raise_status(s);
+            } catch (nb::python_error& e) {
+              return nb::borrow(e.value());
+            }
+          },
+          "The error the operation failed with (an exception object), or None if it "
+          "succeeded. Raises InProgress while it runs.")
+      .def(
+          "__await__",
+          [](nb::handle self) {
+            return nb::module_::import_("ferry._aio").attr("await_future")(self);
+          },
+          "Await it in asyncio: the completion is handed to the event loop, nothing polls.")
+      .def(
+          "add_done_callback",
+          [](nb::handle self, nb::object fn) {
+            auto& f = nb::cast<PyFuture&>(self);
+            auto call = std::make_shared<SharedRef>(std::move(fn));
+            auto me = std::make_shared<SharedRef>(nb::borrow(self));
+            f.future.then([call, me](const Status&) {
+              nb::detail::cleanup_guard guard{};
+              if (!guard) return;  // the interpreter is gone
+              try {
+                call->get()(me->get());
+              } catch (nb::python_error& err) {
+                err.discard_as_unraisable(call->get());
+              }
+            });
+          },
+          "fn"_a,
+          "Call fn(future) once it completes: at once if it has, else on the thread that "
+          "completes it. Exceptions fn raises go to sys.unraisablehook.");
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,18 @@
+// The ferry._ferry extension module: the C++ library's API for Python (ferry/__init__.py
+// re-exports it with the exception classes and asyncio support).
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+
+NB_MODULE(_ferry, m) {
+  using namespace ferry::python;
+  m.doc() = "Ferry's C++ engine (use the ferry package, which re-exports it).";
+  m.attr("__version__") = std::string(ferry::Engine::version());
+  // References a Ferry thread still held when the interpreter wound down are leaked on purpose
+  // (SharedRef): reporting them at every exit would only be noise.
+  nb::set_leak_warnings(false);
+  register_errors(m);
+  bind_engine(m);
+  bind_peer(m);
+  bind_future(m);
+}

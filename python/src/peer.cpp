@@ -1,0 +1,187 @@
+// ferry.Peer and ferry.Prepared: one-sided batches (single entries or page-table arrays),
+// prepared batches, tagged messages.
+#include <nanobind/stl/string.h>
+
+#include "bindings.hpp"
+
+namespace ferry::python {
+namespace {
+
+using namespace nb::literals;
+
+PyFuture* wrap(Future f, nb::handle peer, nb::object uses) {
+  return new PyFuture{std::move(f), nb::borrow(peer), std::move(uses)};
+}
+
+enum class OneSided { kWrite, kRead, kWriteImm };
+
+// Runs a one-sided operation (or prepares it) with the GIL released while posting.
+template <typename Post>
+auto one_sided(nb::handle self, const PyRegion& local, nb::handle remote, nb::handle local_offset,
+               nb::handle remote_offset, nb::handle length, OneSided kind, Post&& post) {
+  Batch batch;
+  build_batch(local, remote, local_offset, remote_offset, length, kind == OneSided::kRead, batch);
+  const Peer& peer = nb::cast<PyPeer&>(self).peer;
+  nb::gil_scoped_release unlocked;
+  return post(peer, std::span<const Transfer>(batch.transfers));
+}
+
+constexpr const char* kBatchDoc =
+    "local: a Region; remote: a peer's descriptor (bytes or str). local_offset, remote_offset "
+    "and length are ints, or 1-D integer arrays (NumPy, torch) of one length for a page-table "
+    "batch, where an int applies to every entry; length defaults to the rest of `local`. ";
+
+template <OneSided kind>
+PyFuture* post_one_sided(nb::handle self, nb::handle local_obj, nb::handle remote, uint32_t imm,
+                         nb::handle local_offset, nb::handle remote_offset, nb::handle length) {
+  const auto& local = nb::cast<const PyRegion&>(local_obj);
+  Future f = one_sided(self, local, remote, local_offset, remote_offset, length, kind,
+                       [&](const Peer& peer, std::span<const Transfer> batch) {
+                         if constexpr (kind == OneSided::kWrite) return peer.write(batch);
+                         if constexpr (kind == OneSided::kRead) return peer.read(batch);
+                         return peer.write_with_imm(batch, imm);
+                       });
+  return wrap(std::move(f), self, nb::make_tuple(local_obj));
+}
+
+template <OneSided kind>
+PyPrepared* prepare_one_sided(nb::handle self, nb::handle local_obj, nb::handle remote,
+                              uint32_t imm, nb::handle local_offset, nb::handle remote_offset,
+                              nb::handle length) {
+  const auto& local = nb::cast<const PyRegion&>(local_obj);
+  Prepared p = one_sided(self, local, remote, local_offset, remote_offset, length, kind,
+                         [&](const Peer& peer, std::span<const Transfer> batch) {
+                           if constexpr (kind == OneSided::kWrite) return peer.prepare_write(batch);
+                           if constexpr (kind == OneSided::kRead) return peer.prepare_read(batch);
+                           return peer.prepare_write_with_imm(batch, imm);
+                         });
+  return new PyPrepared{std::move(p), nb::borrow(self), nb::make_tuple(local_obj)};
+}
+
+uint64_t rest_of(const Region& r, uint64_t offset, nb::handle length) {
+  if (!length.is_none()) return nb::cast<uint64_t>(length);
+  return offset < r.size() ? r.size() - offset : 0;
+}
+
+}  // namespace
+
+void bind_peer(nb::module_& m) {
+  auto peer = nb::class_<PyPeer>(m, "Peer",
+                                 "A connected peer. Either side may start operations; every "
+                                 "method may be called from any thread.");
+  auto one_sided_args = [](auto&& cls, const char* name, auto fn, const char* doc, bool imm) {
+    if (imm) {
+      cls.def(name, fn, "local"_a, "remote"_a, "imm"_a, nb::kw_only(), "local_offset"_a = 0,
+              "remote_offset"_a = 0, "length"_a = nb::none(), doc);
+    } else {
+      cls.def(
+          name,
+          [fn](nb::handle self, nb::handle local, nb::handle remote, nb::handle lo, nb::handle ro,
+               nb::handle len) { return fn(self, local, remote, 0, lo, ro, len); },
+          "local"_a, "remote"_a, nb::kw_only(), "local_offset"_a = 0, "remote_offset"_a = 0,
+          "length"_a = nb::none(), doc);
+    }
+  };
+  static const std::string write_doc =
+      std::string("Write local bytes into the peer's region. ") + kBatchDoc + "Returns a Future.";
+  static const std::string read_doc =
+      std::string("Read the peer's region into local memory. ") + kBatchDoc + "Returns a Future.";
+  static const std::string imm_doc =
+      std::string(
+          "Like write(); the peer's engine then yields `imm` (next_imm, notifications) "
+          "once every byte is visible there. ") +
+      kBatchDoc;
+  static const std::string prep_doc =
+      std::string(
+          "Check and plan the batch once; Prepared.post() posts it, any number of "
+          "times. Raises what the operation would fail with. ") +
+      kBatchDoc;
+  one_sided_args(peer, "write", &post_one_sided<OneSided::kWrite>, write_doc.c_str(), false);
+  one_sided_args(peer, "read", &post_one_sided<OneSided::kRead>, read_doc.c_str(), false);
+  one_sided_args(peer, "write_with_imm", &post_one_sided<OneSided::kWriteImm>, imm_doc.c_str(),
+                 true);
+  one_sided_args(peer, "prepare_write", &prepare_one_sided<OneSided::kWrite>, prep_doc.c_str(),
+                 false);
+  one_sided_args(peer, "prepare_read", &prepare_one_sided<OneSided::kRead>, prep_doc.c_str(),
+                 false);
+  one_sided_args(peer, "prepare_write_with_imm", &prepare_one_sided<OneSided::kWriteImm>,
+                 prep_doc.c_str(), true);
+
+  peer.def(
+          "send",
+          [](nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
+             nb::handle length) {
+            const auto& region = nb::cast<const PyRegion&>(region_obj);
+            const Region& r = region.get();
+            uint64_t len = rest_of(r, offset, length);
+            Future f;
+            {
+              nb::gil_scoped_release unlocked;
+              f = nb::cast<PyPeer&>(self).peer.send(tag, r, offset, len);
+            }
+            return wrap(std::move(f), self, nb::make_tuple(region_obj));
+          },
+          "tag"_a, "region"_a, "offset"_a = 0, "length"_a = nb::none(),
+          nb::rv_policy::take_ownership,
+          "Send `length` bytes (default: the rest of the region) as a message with `tag`. "
+          "Completes once the peer took or buffered it.")
+      .def(
+          "recv",
+          [](nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
+             nb::handle capacity) {
+            const auto& region = nb::cast<const PyRegion&>(region_obj);
+            const Region& r = region.get();
+            if (region.read_only)
+              throw Error(ErrorCode::kInvalidArgument, "recv: the region is read-only");
+            uint64_t cap = rest_of(r, offset, capacity);
+            Future f;
+            {
+              nb::gil_scoped_release unlocked;
+              f = nb::cast<PyPeer&>(self).peer.recv(tag, r, offset, cap);
+            }
+            return wrap(std::move(f), self, nb::make_tuple(region_obj));
+          },
+          "tag"_a, "region"_a, "offset"_a = 0, "capacity"_a = nb::none(),
+          nb::rv_policy::take_ownership,
+          "Receive the next message with `tag` into the region; Future.bytes is its length.")
+      .def_prop_ro("engine_id", [](const PyPeer& p) { return p.peer.engine_id(); })
+      .def_prop_ro("incarnation", [](const PyPeer& p) { return p.peer.incarnation(); })
+      .def_prop_ro("address", [](const PyPeer& p) { return p.peer.address(); })
+      .def_prop_ro("transport",
+                   [](const PyPeer& p) { return std::string(to_string(p.peer.transport())); })
+      .def_prop_ro("connected", [](const PyPeer& p) { return p.peer.connected(); })
+      .def_prop_ro("stats",
+                   [](const PyPeer& p) {
+                     PeerStats s = p.peer.stats();
+                     nb::dict d;
+                     d["tcp_messages_sent"] = s.tcp_messages_sent;
+                     d["tcp_messages_received"] = s.tcp_messages_received;
+                     d["verbs_messages_sent"] = s.verbs_messages_sent;
+                     d["verbs_messages_received"] = s.verbs_messages_received;
+                     d["verbs_messages_zero_copy"] = s.verbs_messages_zero_copy;
+                     return d;
+                   })
+      .def(
+          "close",
+          [](PyPeer& p) {
+            nb::gil_scoped_release unlocked;
+            p.peer.close();
+          },
+          "Fail in-flight operations with Cancelled and close the connection.");
+
+  nb::class_<PyPrepared>(m, "Prepared", "A one-sided batch checked once, posted many times.")
+      .def(
+          "post",
+          [](PyPrepared& p) {
+            Future f;
+            {
+              nb::gil_scoped_release unlocked;
+              f = p.prepared.post();
+            }
+            return new PyFuture{std::move(f), p.peer, p.uses};
+          },
+          nb::rv_policy::take_ownership,
+          "Post the batch again; each post has its own Future and may overlap with others.");
+}
+
+}  // namespace ferry::python

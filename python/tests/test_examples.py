@@ -1,0 +1,30 @@
+"""Every example in examples/python runs green as two processes; the package type-checks."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("[!_]*.py")))
+def test_example_runs(name):
+    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True,
+                          timeout=300, cwd=EXAMPLES)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip(), "an example says what it did"
+
+
+def test_examples_and_package_type_check():
+    mypy = pytest.importorskip("mypy.api")
+    import ferry
+    package = pathlib.Path(ferry.__file__).parent
+    stdout, stderr, status = mypy.run([
+        "--ignore-missing-imports", "--no-error-summary", "--follow-imports=silent",
+        str(package), *sorted(str(p) for p in EXAMPLES.glob("*.py"))])
+    assert status == 0, stdout + stderr
