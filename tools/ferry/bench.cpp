@@ -14,6 +14,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "ferry/ferry.hpp"
+
 extern char** environ;
 
 namespace ferry::cli {
@@ -127,46 +129,42 @@ struct Mailbox {
   Region region;
 };
 
-std::string human_size(uint64_t n) {
-  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-
-Config engine_config(const BenchOptions& o, const std::string& listen) {
+Config engine_config(const BenchOptions& o, const Address& listen) {
   Config c;
-  if (!listen.empty()) {
-    auto colon = listen.rfind(':');
-    c.listen_host = colon == 0 ? "0.0.0.0" : listen.substr(0, colon);
-    c.listen_port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
-  } else {
-    c.listen_host = "127.0.0.1";
-  }
-  if (o.transport == "tcp") {
-    c.transports = {TransportKind::kTcp};
-  } else if (o.transport != "verbs" && o.transport != "auto") {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--transport: '" + o.transport + "' is not one of auto, tcp, verbs");
-  }
+  c.listen_host = listen.host;
+  c.listen_port = listen.port;
+  if (o.transport == "tcp") c.transports = {TransportKind::kTcp};
   c.secret = o.secret;
   c.progress_threads = o.threads;
-  if (o.streams > 0) c.tcp_streams = o.streams;
-  if (o.qps > 0) c.verbs_qps = o.qps;
-  if (o.slice_bytes > 0) c.slice_bytes = o.slice_bytes;
-  if (o.stripe_bytes > 0) c.stripe_threshold = o.stripe_bytes;
-  if (o.busy_poll_us >= 0) c.busy_poll = std::chrono::microseconds(o.busy_poll_us);
-  if (o.wait_spin_us >= 0) c.wait_spin = std::chrono::microseconds(o.wait_spin_us);
+  if (o.streams) c.tcp_streams = *o.streams;
+  if (o.qps) c.verbs_qps = *o.qps;
+  if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
+  if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
+  if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
+  if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
   // The target's buffer holds only benchmark data, and its peer is this benchmark: large
   // send() messages land there zero-copy over verbs.
   c.zero_copy_receives = true;
   return c;
 }
 
+// --transport verbs on a host without RDMA fails here, before a target starts or a connection.
+void require_transport(const BenchOptions& o) {
+  if (o.transport != "verbs") return;
+  for (const auto& t : Engine::transports()) {
+    if (t.kind != TransportKind::kVerbs) continue;
+    if (t.usable) return;
+    throw Error(ErrorCode::kUnsupported,
+                "--transport verbs: not available on this host: " + t.detail + " (see ferry info)");
+  }
+  throw Error(ErrorCode::kUnsupported, "--transport verbs: not built into this version");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Target: registers what the initiator asks for and serves until told to stop.
 
 int run_target(const BenchOptions& o) {
-  Engine engine(engine_config(o, o.listen));
+  Engine engine(engine_config(o, *o.listen));
   std::atomic<uint64_t> imms{0};
   engine.on_imm([&](const ImmEvent&) { imms.fetch_add(1); });
   std::cout << "listening on " << engine.address() << std::endl;
@@ -314,11 +312,9 @@ struct Initiator {
   }
 
   Row run(const std::string& op, uint64_t size) {
-    int iters = o.iters;
-    if (iters <= 0) {
-      uint64_t per_op = size * static_cast<uint64_t>(o.batch);
-      iters = static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters));
-    }
+    uint64_t per_op = size * static_cast<uint64_t>(o.batch);
+    int iters = o.iters.value_or(
+        static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters)));
     if (op == "pingpong") return pingpong(size, iters);
     if (op == "send") {
       mail.send(peer, kTagSetup,
@@ -442,35 +438,9 @@ void print_row(const Row& r, bool json, const std::string& transport) {
   std::cout << line << std::endl;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 int run_initiator(const BenchOptions& o, const std::string& address) {
-  std::vector<std::string> ops = split(o.op);
-  for (const auto& op : ops) {
-    if (op != "write" && op != "read" && op != "write_imm" && op != "send" && op != "pingpong") {
-      throw Error(ErrorCode::kInvalidArgument, "--op: unknown operation '" + op + "'");
-    }
-  }
-  if (o.batch < 1 || o.concurrency < 1)
-    throw Error(ErrorCode::kInvalidArgument, "--batch and --concurrency must be >= 1");
-  std::vector<uint64_t> sizes = o.sizes;
-  if (sizes.empty()) {
-    for (uint64_t s = 4096; s <= (64u << 20); s *= 4) sizes.push_back(s);
-  }
-  uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  uint64_t bytes = largest * static_cast<uint64_t>(o.batch) * static_cast<uint64_t>(o.concurrency);
-  bytes = std::min<uint64_t>(
-      bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
-  bytes = std::max<uint64_t>(bytes, 2 * largest);  // ping-pong's receive and send areas
-
-  Engine engine(engine_config(o, ""));
+  uint64_t bytes = buffer_bytes(o);
+  Engine engine(engine_config(o, Address{"127.0.0.1", 0}));
   Peer peer = engine.connect(address);
   if (o.transport == "verbs" && peer.transport() != TransportKind::kVerbs) {
     throw Error(ErrorCode::kUnsupported,
@@ -491,8 +461,8 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
     std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");
   }
-  for (const auto& op : ops) {
-    for (uint64_t size : sizes)
+  for (const auto& op : o.ops) {
+    for (uint64_t size : o.sizes)
       print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
   }
   mail.send(peer, kTagSetup, "done");
@@ -513,14 +483,15 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   std::vector<std::string> args = {self,          "bench",     "--listen",
                                    "127.0.0.1:0", "--threads", std::to_string(o.threads)};
   if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
-  if (o.streams > 0) args.insert(args.end(), {"--streams", std::to_string(o.streams)});
-  if (o.qps > 0) args.insert(args.end(), {"--qps", std::to_string(o.qps)});
-  if (o.slice_bytes > 0) args.insert(args.end(), {"--slice", std::to_string(o.slice_bytes)});
-  if (o.stripe_bytes > 0) args.insert(args.end(), {"--stripe", std::to_string(o.stripe_bytes)});
-  if (o.busy_poll_us >= 0)
-    args.insert(args.end(), {"--busy-poll-us", std::to_string(o.busy_poll_us)});
-  if (o.wait_spin_us >= 0)
-    args.insert(args.end(), {"--wait-spin-us", std::to_string(o.wait_spin_us)});
+  auto pass = [&](const char* flag, const auto& value) {
+    if (value) args.insert(args.end(), {flag, std::to_string(*value)});
+  };
+  pass("--streams", o.streams);
+  pass("--qps", o.qps);
+  pass("--slice", o.slice_bytes);
+  pass("--stripe", o.stripe_bytes);
+  pass("--busy-poll-us", o.busy_poll_us);
+  pass("--wait-spin-us", o.wait_spin_us);
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
@@ -552,8 +523,9 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
 }  // namespace
 
 int run_bench(const BenchOptions& o, const std::string& self_path) {
-  if (!o.listen.empty()) return run_target(o);
-  if (!o.connect.empty()) return run_initiator(o, o.connect);
+  require_transport(o);
+  if (o.listen) return run_target(o);
+  if (o.connect) return run_initiator(o, o.connect->to_string());
   std::string address;
   pid_t pid = spawn_target(o, self_path, address);
   int rc = 1;

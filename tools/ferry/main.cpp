@@ -13,6 +13,9 @@
 
 namespace {
 
+// Exit status of a command line refused before anything started; 1 is a run that failed.
+constexpr int kExitUsage = 2;
+
 std::string self_path(const char* argv0) {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -50,58 +53,38 @@ int run_info() {
   return 0;
 }
 
+// "ferry bench: --iters: '0' must be between 1 and 1000000"
+std::string failure_message(const CLI::App* app, const CLI::Error& e) {
+  std::string who = "ferry";
+  for (const CLI::App* sub : app->get_subcommands()) who += " " + sub->get_name();
+  return who + ": " + e.what() + "\n(" + who + " --help shows the options)\n";
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   CLI::App app{"Ferry: peer-to-peer transfer engine"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();
+  app.failure_message(failure_message);
 
   ferry::cli::BenchOptions bench;
   auto* b = app.add_subcommand("bench",
                                "Two-process transfer benchmark (starts its own target by default)");
-  b->add_option("--listen", bench.listen,
-                "Run as the target, accepting one initiator on HOST:PORT");
-  b->add_option("--connect", bench.connect, "Run as the initiator against a target at HOST:PORT");
-  b->add_option(
-      "--op", bench.op,
-      "Comma-separated operations: write, read, write_imm, send, pingpong (half the round "
-      "trip of answered writes, as ib_write_lat)");
-  b->add_option("--sizes", bench.sizes, "Transfer sizes in bytes (default 4K..64M, x4 steps)")
-      ->delimiter(',');
-  b->add_option("--batch", bench.batch, "Entries per operation");
-  b->add_option("--concurrency", bench.concurrency, "Operations in flight");
-  b->add_option("--transport", bench.transport, "Transport: auto (best present), tcp or verbs");
-  b->add_option("--iters", bench.iters,
-                "Operations per size (default: about 512 MiB or at least 20)");
-  b->add_flag("--json", bench.json, "One JSON object per result line");
-  b->add_option("--secret", bench.secret, "Shared secret for peer authentication");
-  b->add_option("--streams", bench.streams, "TCP sockets per peer");
-  b->add_option("--qps", bench.qps, "Verbs queue pairs per peer");
-  b->add_option("--slice", bench.slice_bytes, "Slice size in bytes for large transfers");
-  b->add_option("--stripe", bench.stripe_bytes,
-                "Operations above this many bytes use every socket");
-  b->add_option("--threads", bench.threads, "Progress threads per engine");
-  b->add_option("--busy-poll-us", bench.busy_poll_us, "Progress threads spin this long after work");
-  b->add_option("--wait-spin-us", bench.wait_spin_us,
-                "Future::wait spins this long before sleeping");
-  b->add_flag("--prepared", bench.prepared,
-              "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
-  b->add_flag("--same-area", bench.same_area,
-              "Operations in flight all use the same buffer area, as perftest's do (default: "
-              "one area each)");
-  b->get_option("--listen")->excludes("--connect");
-
+  ferry::cli::add_bench_options(*b, bench);
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+    if (*b) ferry::cli::check_bench_options(bench);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
   try {
     if (*info) return run_info();
     return ferry::cli::run_bench(bench, self_path(argv[0]));
-  } catch (const ferry::Error& e) {
-    std::cerr << "ferry: " << e.what() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ferry: " << e.what() << std::endl;
+    std::cerr << "ferry " << (*info ? "info" : "bench") << ": " << e.what() << std::endl;
     return 1;
   }
 }
