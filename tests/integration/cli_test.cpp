@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <regex>
 
 #include "support/pair.hpp"
 
@@ -108,7 +109,11 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --connect fd00::2:5000", 2, "an IPv6 address goes in brackets"},
       {"bench --connect localhost:http", 2, "port 'http' is not a number"},
       {"bench --listen 127.0.0.1:0 --connect 127.0.0.1:1", 2, "excludes --connect"},
-      // Help.
+      // Commands, version, help.
+      {"bnech", 2, "ferry: unknown command 'bnech'; did you mean 'bench'?"},
+      {"inof", 2, "did you mean 'info'?"},
+      {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info)"},
+      {"--version", 0, "ferry " + std::string(Engine::version())},
       {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp_streams)},
       {"bench --help", 0, "--transport NAME=auto"},
       {"bench --help", 0, "--sizes SIZES=4K,16K,64K,256K,1M,4M,16M,64M"},
@@ -129,10 +134,23 @@ TEST(Cli, AnswersToEveryKindOfInput) {
 }
 
 TEST(Cli, Info) {
-  std::string out;
-  ASSERT_EQ(run("info", out), 0) << out;
-  EXPECT_NE(out.find("tcp  usable"), std::string::npos) << out;
-  EXPECT_NE(out.find("verbs"), std::string::npos) << out;
+  std::string text;
+  ASSERT_EQ(run("info", text), 0) << text;
+  // Aligned columns; the guest suite greps "verbs +usable" (tests/rdma/ferry.tests).
+  EXPECT_TRUE(std::regex_search(text, std::regex("\n  tcp +usable +built in"))) << text;
+  EXPECT_TRUE(std::regex_search(text, std::regex("\n  verbs +(usable|unusable) "))) << text;
+  std::string json;
+  ASSERT_EQ(run("info --json", json), 0) << json;
+  EXPECT_EQ(json.front(), '{') << json;
+  EXPECT_EQ(json.substr(json.size() - 2), "}\n") << json;
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 1) << json;
+  for (const std::string& part :
+       {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
+        std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
+        std::string("],\"interfaces\":[{\"name\":\""),
+        std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
+    EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
+  }
 }
 
 // A listening socket nobody should connect to.

@@ -1,15 +1,14 @@
 // The `ferry` command: benchmark and host information.
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <climits>
 #include <iostream>
 
 #include "bench.hpp"
 #include "ferry/ferry.hpp"
+#include "info.hpp"
 
 namespace {
 
@@ -24,33 +23,43 @@ std::string self_path(const char* argv0) {
   return buf;
 }
 
-int run_info() {
-  std::cout << "ferry " << ferry::Engine::version() << "\n\ntransports:\n";
-  std::vector<std::string> rdma_devices;
-  for (const auto& t : ferry::Engine::transports()) {
-    std::cout << "  " << ferry::to_string(t.kind) << (t.usable ? "  usable   " : "  unusable ")
-              << t.detail << "\n";
-    if (t.kind == ferry::TransportKind::kVerbs) rdma_devices = t.devices;
-  }
-  std::cout << "\nnetwork interfaces (tcp):\n";
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-      if (a->ifa_addr == nullptr) continue;
-      int family = a->ifa_addr->sa_family;
-      if (family != AF_INET && family != AF_INET6) continue;
-      char host[NI_MAXHOST];
-      socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      if (getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
-        continue;
-      std::cout << "  " << a->ifa_name << "  " << host
-                << ((a->ifa_flags & IFF_UP) ? "" : "  (down)") << "\n";
+// Optimal string alignment distance: a swap of two letters ("bnech") counts once.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-    freeifaddrs(list);
   }
-  std::cout << "\nrdma devices:" << (rdma_devices.empty() ? " none" : "") << "\n";
-  for (const auto& d : rdma_devices) std::cout << "  " << d << "\n";
-  return 0;
+  return d[a.size()][b.size()];
+}
+
+// CLI11 2.1 says only "A subcommand is required" for a misspelt command: name it, and the
+// closest one.
+bool unknown_command(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  std::string word = argv[1], closest, names;
+  std::size_t best = 3;  // suggest within two edits
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return false;
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    if (std::size_t d = edit_distance(word, sub->get_name()); d < best) {
+      best = d;
+      closest = sub->get_name();
+    }
+  }
+  std::cerr << "ferry: unknown command '" << word << "'";
+  if (closest.empty()) {
+    std::cerr << " (commands: " << names << ")\n";
+  } else {
+    std::cerr << "; did you mean '" << closest << "'?\n";
+  }
+  return true;
 }
 
 // "ferry bench: --iters: '0' must be between 1 and 1000000"
@@ -65,6 +74,7 @@ std::string failure_message(const CLI::App* app, const CLI::Error& e) {
 int run(int argc, char** argv) {
   CLI::App app{"Ferry: peer-to-peer transfer engine"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "ferry " + std::string(ferry::Engine::version()));
   app.option_defaults()->always_capture_default();
   app.failure_message(failure_message);
 
@@ -73,7 +83,10 @@ int run(int argc, char** argv) {
                                "Two-process transfer benchmark (starts its own target by default)");
   ferry::cli::add_bench_options(*b, bench);
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
+  bool info_json = false;
+  info->add_flag("--json", info_json, "One JSON object: version, transports, interfaces");
 
+  if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
     app.parse(argc, argv);
     if (*b) ferry::cli::check_bench_options(bench);
@@ -81,7 +94,7 @@ int run(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
   try {
-    if (*info) return run_info();
+    if (*info) return ferry::cli::run_info(info_json);
     return ferry::cli::run_bench(bench, self_path(argv[0]));
   } catch (const std::exception& e) {
     std::cerr << "ferry " << (*info ? "info" : "bench") << ": " << e.what() << std::endl;
