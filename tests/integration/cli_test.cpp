@@ -1,7 +1,10 @@
-// The `ferry` command: its answers to bad input (a table), and its runs.
+// The `ferry` command: its answers to bad input (a table), its runs, a listener that serves one
+// initiator after another, and failures printed by the side that can explain them.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +14,8 @@
 #include <regex>
 
 #include "support/pair.hpp"
+
+extern char** environ;
 
 namespace ferry::test {
 namespace {
@@ -42,6 +47,82 @@ class Command {
 };
 
 int run(const std::string& args, std::string& output) { return Command(args).finish(output); }
+
+// A `ferry` process in the background: stdout read line by line, stderr at the end.
+class Background {
+ public:
+  explicit Background(std::vector<std::string> args) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    posix_spawn_file_actions_addclose(&fa, err[0]);
+    args.insert(args.begin(), FERRY_CLI_PATH);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int rc = posix_spawn(&pid_, FERRY_CLI_PATH, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    if (rc != 0) throw std::runtime_error("posix_spawn");
+    out_ = fdopen(out[0], "r");
+    err_ = err[0];
+  }
+  ~Background() {
+    if (pid_ > 0) kill_now();
+    fclose(out_);
+    close(err_);
+  }
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+
+  // The next line of stdout, "" at its end.
+  std::string line() {
+    char buf[512];
+    if (fgets(buf, sizeof buf, out_) == nullptr) return "";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  bool running() const { return waitpid(pid_, nullptr, WNOHANG) == 0; }
+  void kill_now() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // Its exit code once it ends by itself.
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  // Everything on stderr; the process must have ended.
+  std::string errors() const {
+    std::string s;
+    char buf[512];
+    for (ssize_t n; (n = read(err_, buf, sizeof buf)) > 0;)
+      s.append(buf, static_cast<std::size_t>(n));
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int err_ = -1;
+};
+
+// `ferry bench --listen ...`: its address, from the first line it prints.
+std::string listening_address(Background& target) {
+  std::string first = target.line();
+  const std::string prefix = "listening on ";
+  if (first.rfind(prefix, 0) != 0) return "";
+  return first.substr(prefix.size());
+}
 
 std::string verbs_unusable_reason() {
   for (const auto& t : Engine::transports()) {
@@ -109,6 +190,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --connect fd00::2:5000", 2, "an IPv6 address goes in brackets"},
       {"bench --connect localhost:http", 2, "port 'http' is not a number"},
       {"bench --listen 127.0.0.1:0 --connect 127.0.0.1:1", 2, "excludes --connect"},
+      {"bench --once", 2, "--once: only with --listen"},
       // Commands, version, help.
       {"bnech", 2, "ferry: unknown command 'bnech'; did you mean 'bench'?"},
       {"inof", 2, "did you mean 'info'?"},
@@ -218,6 +300,110 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   EXPECT_EQ(std::count(prepared.begin(), prepared.end(), '\n'), 6) << prepared;
   EXPECT_EQ(prepared.find("\"prepared\":false"), std::string::npos) << prepared;
   EXPECT_EQ(prepared.find("\"verified\":false"), std::string::npos) << prepared;
+}
+
+TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {
+  Background target({"bench", "--listen", "127.0.0.1:0"});
+  std::string address = listening_address(target);
+  ASSERT_FALSE(address.empty());
+  {
+    // Far more than it can move before it is killed: the header says the run has started.
+    Background doomed(
+        {"bench", "--connect", address, "--op", "write", "--sizes", "16M", "--iters", "1000000"});
+    ASSERT_EQ(doomed.line().rfind("transport", 0), 0u);
+    doomed.kill_now();
+  }
+  std::string out;
+  ASSERT_EQ(
+      run("bench --connect " + address + " --op write,read,send --sizes 4K,1M --iters 5", out), 0)
+      << out;
+  EXPECT_NE(out.find("tcp       send"), std::string::npos) << out;
+  EXPECT_TRUE(target.running());
+  target.kill_now();
+  std::string errors = target.errors();
+  EXPECT_NE(errors.find("ferry bench: initiator "), std::string::npos) << errors;
+  EXPECT_NE(errors.find("peer_lost"), std::string::npos) << errors;
+}
+
+// The bench's control tags (tools/ferry/bench.cpp): a peer written here speaks them to make
+// the other side's process meet a failure it did not cause.
+constexpr uint64_t kTagSetup = 1;
+constexpr uint64_t kTagFailure = 5;
+
+// A hand-made bench peer's messages.
+struct FakePeer {
+  explicit FakePeer(Engine& e, Peer p) : peer(std::move(p)), buf(8192) {
+    region = e.register_memory(buf.data(), buf.size(), Access::kLocal);
+  }
+  ~FakePeer() { peer.close(); }  // ends a receive still posted
+  Status send(uint64_t tag, const std::string& text) {
+    std::memcpy(buf.data(), text.data(), text.size());
+    return peer.send(tag, region, 0, text.size()).wait(kWait);
+  }
+  Future post_recv(uint64_t tag) { return peer.recv(tag, region, 4096, 4096); }
+  std::string received(const Future& f) const {
+    return std::string(reinterpret_cast<const char*>(buf.data() + 4096), f.bytes());
+  }
+  Peer peer;
+  std::vector<uint8_t> buf;
+  Region region;
+};
+
+TEST(Cli, TargetRefusesABadSetupAndTellsTheInitiator) {
+  Background target({"bench", "--listen", "127.0.0.1:0"});
+  std::string address = listening_address(target);
+  ASSERT_FALSE(address.empty());
+  Engine engine(test_config());
+  {
+    FakePeer initiator(engine, engine.connect(address));
+    Future reason = initiator.post_recv(kTagFailure);
+    ASSERT_TRUE(initiator.send(kTagSetup, "0 0 0").ok());
+    ASSERT_TRUE(reason.wait(kWait).ok()) << reason.status().to_string();
+    EXPECT_NE(initiator.received(reason).find("setup: a buffer of 0 bytes asked for"),
+              std::string::npos)
+        << initiator.received(reason);
+  }
+  // The listener goes on: a real initiator after the failed one.
+  std::string out;
+  ASSERT_EQ(run("bench --connect " + address + " --op read --sizes 4K --iters 5", out), 0) << out;
+  EXPECT_TRUE(target.running());
+  target.kill_now();
+  std::string errors = target.errors();
+  EXPECT_NE(errors.find("setup: a buffer of 0 bytes asked for"), std::string::npos) << errors;
+
+  // Serving once, the target exits nonzero; its initiator heard why, so it says nothing.
+  Background once({"bench", "--listen", "127.0.0.1:0", "--once"});
+  address = listening_address(once);
+  ASSERT_FALSE(address.empty());
+  {
+    FakePeer initiator(engine, engine.connect(address));
+    Future reason = initiator.post_recv(kTagFailure);
+    ASSERT_TRUE(initiator.send(kTagSetup, "lots").ok());
+    ASSERT_TRUE(reason.wait(kWait).ok()) << reason.status().to_string();
+    EXPECT_NE(initiator.received(reason).find("malformed control message 'lots'"),
+              std::string::npos)
+        << initiator.received(reason);
+  }
+  EXPECT_EQ(once.wait(), 1);
+  EXPECT_EQ(once.errors(), "");
+}
+
+TEST(Cli, InitiatorPrintsTheTargetsReason) {
+  Engine engine(test_config());
+  Command initiator("bench --connect " + engine.address() + " --op write --sizes 4K --iters 5");
+  std::optional<Peer> accepted = engine.accept(kWait);
+  ASSERT_TRUE(accepted);
+  {
+    FakePeer target(engine, *accepted);
+    Future setup = target.post_recv(kTagSetup);
+    ASSERT_TRUE(setup.wait(kWait).ok()) << setup.status().to_string();
+    ASSERT_TRUE(target.send(kTagFailure, "setup: this target refuses every buffer").ok());
+  }
+  std::string out;
+  EXPECT_EQ(initiator.finish(out), 1) << out;
+  EXPECT_NE(out.find("ferry bench: target: setup: this target refuses every buffer"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

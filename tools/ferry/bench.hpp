@@ -7,7 +7,8 @@
 
 namespace ferry::cli {
 
-// Options already checked (check_bench_options). Throws on failure.
+// Options already checked (check_bench_options). Throws on failure; a failure the target
+// reported reads "target: <its reason>".
 int run_bench(const BenchOptions& options, const std::string& self_path);
 
 }  // namespace ferry::cli

@@ -201,14 +201,17 @@ std::vector<uint64_t> default_sizes() {
 
 void add_bench_options(CLI::App& b, BenchOptions& o) {
   const Config engine;  // the defaults of the flags left to the engine
-  auto* listen = add(b, "--listen", o.listen, address(true),
-                     "Run as the target, accepting one initiator on HOST:PORT (port 0: a free one; "
-                     "0.0.0.0, [::] or an empty host: every interface)")
-                     ->type_name("HOST:PORT");
+  auto* listen =
+      add(b, "--listen", o.listen, address(true),
+          "Run as the target and serve initiators, one after another, on HOST:PORT (port 0: a "
+          "free one; 0.0.0.0, [::] or an empty host: every interface)")
+          ->type_name("HOST:PORT");
   auto* connect = add(b, "--connect", o.connect, address(false),
                       "Run as the initiator against a target at HOST:PORT or [IPv6]:PORT")
                       ->type_name("HOST:PORT");
   listen->excludes(connect);
+  // Hidden: the target that `ferry bench` starts for itself ends with its one initiator.
+  b.add_flag("--once", o.once, "Serve one initiator, then exit with its outcome")->group("");
   add(b, "--op", o.ops, ops_value,
       "Comma-separated operations: write, read, write_imm, send, pingpong (half the round trip "
       "of answered writes, as ib_write_lat)")
@@ -273,6 +276,7 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
 }
 
 void check_bench_options(const BenchOptions& o) {
+  if (o.once && !o.listen) throw CLI::ValidationError("--once", "only with --listen");
   if (o.listen) return;  // a target's buffer is what each initiator asks for
   if (o.batch * o.concurrency > kMaxInFlight) {
     throw CLI::ValidationError("--batch", std::to_string(o.batch) + " with --concurrency " +

@@ -22,8 +22,9 @@ struct Address {
 std::vector<uint64_t> default_sizes();  // 4 KiB .. 64 MiB in x4 steps
 
 struct BenchOptions {
-  std::optional<Address> listen;   // target mode: accept one initiator here
+  std::optional<Address> listen;   // target mode: serve initiators here
   std::optional<Address> connect;  // initiator mode: the target's address
+  bool once = false;               // target mode: serve one initiator, exit with its outcome
   std::vector<std::string> ops = {"write", "read"};
   std::vector<uint64_t> sizes = default_sizes();
   int batch = 1;
