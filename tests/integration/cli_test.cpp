@@ -406,5 +406,46 @@ TEST(Cli, InitiatorPrintsTheTargetsReason) {
       << out;
 }
 
+bool has_ipv6_loopback() {
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+TEST(Cli, ListenerOnEveryInterfaceShowsWhereToConnect) {
+  Background v4({"bench", "--listen", "0.0.0.0:0"});
+  std::string address = listening_address(v4);
+  ASSERT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;  // as the initiator parses it
+  std::string port = address.substr(address.find(':') + 1);
+  std::vector<std::string> lines;
+  // Loopback comes last, after the addresses another host can use.
+  for (std::string l = v4.line(); !l.empty(); l = v4.line()) {
+    lines.push_back(l);
+    if (l.find("(lo, this host only)") != std::string::npos) break;
+  }
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "reachable at 127.0.0.1:" + port + " (lo, this host only)");
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.rfind("reachable at ", 0), 0u) << l;
+    EXPECT_EQ(l.find('['), std::string::npos) << "IPv6 on an IPv4 listener: " << l;
+  }
+  v4.kill_now();
+
+  if (!has_ipv6_loopback()) GTEST_SKIP() << "no IPv6 loopback here";
+  Background v6({"bench", "--listen", "[::]:0"});
+  address = listening_address(v6);
+  ASSERT_FALSE(address.empty());
+  port = address.substr(address.find(':') + 1);
+  std::string out;
+  EXPECT_EQ(run("bench --connect '[::1]:" + port + "' --op write --sizes 4K --iters 3", out), 0)
+      << out;
+  EXPECT_EQ(run("bench --connect " + address + " --op write --sizes 4K --iters 3", out), 0) << out;
+}
+
 }  // namespace
 }  // namespace ferry::test

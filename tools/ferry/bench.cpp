@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "ferry/ferry.hpp"
+#include "info.hpp"
 
 extern char** environ;
 
@@ -326,6 +327,20 @@ bool serve_one(Engine& engine, const Peer& peer, const std::atomic<uint64_t>& im
   }
 }
 
+// After "listening on": the addresses a remote host can use when listening on every interface.
+void print_reachable(const Address& listen, uint16_t port) {
+  bool v4 = listen.host == "0.0.0.0", v6 = listen.host == "::";  // [::] takes IPv4 too
+  if (!v4 && !v6) return;
+  std::vector<InterfaceAddress> all = interface_addresses();
+  std::stable_partition(all.begin(), all.end(), [](const auto& a) { return !a.loopback; });
+  for (const auto& a : all) {
+    if (!a.up || a.link_local || (a.ipv6 && !v6)) continue;
+    std::cout << "reachable at " << Address{a.address, port}.to_string() << " (" << a.name
+              << (a.loopback ? ", this host only" : "") << ")\n";
+  }
+  std::cout << std::flush;
+}
+
 int run_target(const BenchOptions& o) {
   Engine engine(engine_config(o, *o.listen));
   std::atomic<uint64_t> initiator{0}, imms{0};
@@ -334,6 +349,7 @@ int run_target(const BenchOptions& o) {
   });
   // The first line as it is: the initiator that started this target reads it.
   std::cout << "listening on " << engine.address() << std::endl;
+  print_reachable(*o.listen, engine.port());
   for (;;) {
     std::optional<Peer> accepted = engine.accept(kIdleTimeout);
     if (!accepted) {

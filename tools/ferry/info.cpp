@@ -3,6 +3,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -101,7 +102,11 @@ std::vector<InterfaceAddress> interface_addresses() {
     char host[NI_MAXHOST];
     socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     if (getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) continue;
-    out.push_back({a->ifa_name, host, (a->ifa_flags & IFF_UP) != 0});
+    bool link_local =
+        family == AF_INET6 &&
+        IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr);
+    out.push_back({a->ifa_name, host, family == AF_INET6, (a->ifa_flags & IFF_UP) != 0,
+                   (a->ifa_flags & IFF_LOOPBACK) != 0, link_local});
   }
   freeifaddrs(list);
   return out;
