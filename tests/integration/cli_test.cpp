@@ -284,6 +284,7 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   for (const char* op : {"write ", "read ", "write_imm ", "send "}) {
     EXPECT_NE(out.find(std::string("tcp       ") + op), std::string::npos) << op << "\n" << out;
   }
+  EXPECT_EQ(out.find('\r'), std::string::npos) << "progress shown off a terminal\n" << out;
   std::string json;
   ASSERT_EQ(run("bench --op read --sizes 64KiB --iters 3 --json", json), 0) << json;
   EXPECT_NE(json.find("\"size\":65536,"), std::string::npos) << json;

@@ -375,6 +375,33 @@ struct Row {
   bool verified;
 };
 
+// While one size runs longer than a second, a line on stderr that says how far it is, redrawn
+// at most ten times a second and erased before the size's row is printed. Only on terminals.
+class Progress {
+ public:
+  Progress(bool shown, std::string what, uint64_t total)
+      : shown_(shown), what_(std::move(what)), total_(total), start_(BenchClock::now()) {}
+  ~Progress() {
+    if (drawn_) std::fputs("\r\033[K", stderr);
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  // `now`: the caller's clock reading, so that the measured loop reads no clock for us.
+  void update(uint64_t done, BenchClock::time_point now) {
+    if (!shown_ || now - start_ < 1s || (drawn_ && now - drawn_at_ < 100ms)) return;
+    std::fprintf(stderr, "\r%s %3d%%", what_.c_str(), static_cast<int>(100 * done / total_));
+    drawn_ = true;
+    drawn_at_ = now;
+  }
+
+ private:
+  bool shown_;
+  std::string what_;
+  uint64_t total_;
+  BenchClock::time_point start_, drawn_at_;
+  bool drawn_ = false;
+};
+
 struct Initiator {
   const BenchOptions& o;
   Engine& engine;
@@ -384,6 +411,7 @@ struct Initiator {
   std::vector<uint8_t> buf, check_buf;
   Region region, check_region;
   Mailbox& mail;
+  bool progress;  // a terminal shows Progress
   uint64_t imms_sent = 0;
 
   uint64_t slot_offset(uint64_t size, int slot) const {
@@ -477,6 +505,7 @@ struct Initiator {
     for (int i = 0; i < kWarmupIters; ++i) {
       check(start(op, size, slot_for(i), batches[0]).wait(kOpTimeout), op + " warm-up");
     }
+    Progress shown(progress, op + " " + human_size(size), static_cast<uint64_t>(iters));
     auto t0 = BenchClock::now();
     int issued = 0;
     while (issued < iters || !inflight.empty()) {
@@ -490,7 +519,9 @@ struct Initiator {
       auto [f, ts] = inflight.front();
       inflight.pop_front();
       check(f.wait(kOpTimeout), op + " " + human_size(size));
-      lat_us.push_back(std::chrono::duration<double, std::micro>(BenchClock::now() - ts).count());
+      auto now = BenchClock::now();
+      lat_us.push_back(std::chrono::duration<double, std::micro>(now - ts).count());
+      shown.update(lat_us.size(), now);
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
@@ -520,6 +551,7 @@ struct Initiator {
     auto t0 = BenchClock::now();
     auto ts = t0;
     PingPongWriter writer(peer, pp_region, pp.data(), remote, size, o.prepared);
+    Progress shown(progress, "pingpong " + human_size(size), rounds);
     for (uint64_t r = 0; r < rounds; ++r) {
       Future f = writer.post(r);
       auto te = BenchClock::now();
@@ -529,6 +561,7 @@ struct Initiator {
         t0 = te;
       }
       ts = te;
+      shown.update(r, te);
       pingpong_wait(std::move(f));
       await_round(pp.data(), size, r);
     }
@@ -583,9 +616,10 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   Descriptor remote =
       Descriptor::parse(mail.request(kTagSetup, std::to_string(bytes) + " 0 0", kTagDescriptor));
 
+  bool progress = !o.json && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
   Initiator ini{
-      o,  engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
-      {}, {},     mail};
+      o,  engine, peer, remote,  bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
+      {}, {},     mail, progress};
   ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
   ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
   fill(ini.buf.data(), bytes, 7);
