@@ -12,7 +12,11 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <optional>
 #include <sstream>
+
+#include "ferry/ferry.hpp"
+#include "info.hpp"
 
 extern char** environ;
 
@@ -27,8 +31,12 @@ constexpr uint64_t kTagSetup = 1;
 constexpr uint64_t kTagDescriptor = 2;
 constexpr uint64_t kTagData = 3;
 constexpr uint64_t kTagReport = 4;
+constexpr uint64_t kTagFailure = 5;  // why the sender stops (Mailbox)
 constexpr std::size_t kControlBytes = 4096;
 constexpr Duration kOpTimeout = 60s;
+constexpr Duration kIdleTimeout = 24h;
+// A failing side waits this long for the other to take its reason.
+constexpr Duration kFailureTimeout = 5s;
 // Each size moves about this much (or kMinIters operations) unless --iters says otherwise.
 constexpr uint64_t kBytesPerSize = 512ull << 20;
 constexpr int kMinIters = 20;
@@ -110,92 +118,160 @@ void pingpong_wait(Future&& f) {
   if (Status s = mine.wait(kOpTimeout); !s.ok()) check(s, "ping-pong write");
 }
 
-// A small registered buffer for the bench's own messages.
-struct Mailbox {
-  explicit Mailbox(Engine& e)
-      : buf(kControlBytes), region(e.register_memory(buf.data(), buf.size(), Access::kLocal)) {}
-  void send(const Peer& p, uint64_t tag, const std::string& text) {
-    std::memcpy(buf.data(), text.data(), text.size());
-    check(p.send(tag, region, 0, text.size()).wait(kOpTimeout), "send control message");
+// The bench's own messages with one peer, in a small registered buffer. A side that fails sends
+// its reason (kTagFailure) before it closes the connection, so that the other side, which sees
+// the connection drop, prints the cause instead.
+class Mailbox {
+ public:
+  Mailbox(Engine& e, Peer peer)
+      : peer_(std::move(peer)),
+        buf_(kAreas * kControlBytes),
+        region_(e.register_memory(buf_.data(), buf_.size(), Access::kLocal)),
+        their_failure_(peer_.recv(kTagFailure, region_, kTheirFailure, kControlBytes)) {}
+  // The receive for the other side's failure holds the region until the connection ends.
+  ~Mailbox() { peer_.close(); }
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  const Peer& peer() const { return peer_; }
+  void send(uint64_t tag, const std::string& text) {
+    check(peer_.send(tag, region_, put(kOut, text), text.size()).wait(kOpTimeout),
+          "send control message");
   }
-  std::string recv(const Peer& p, uint64_t tag) {
-    Future f = p.recv(tag, region, 0, buf.size());
-    check(f.wait(kOpTimeout), "receive control message");
-    return std::string(reinterpret_cast<char*>(buf.data()), f.bytes());
+  std::string recv(uint64_t tag, Duration timeout = kOpTimeout) { return wait(post(tag), timeout); }
+  // A message and the answer to it. The answer's receive is posted first: a receive posted
+  // after the connection ends fails, even if the answer came before the end.
+  std::string request(uint64_t tag, const std::string& text, uint64_t answer_tag) {
+    Future answer = post(answer_tag);
+    send(tag, text);
+    return wait(answer, kOpTimeout);
   }
-  std::vector<uint8_t> buf;
-  Region region;
+  // The other side's reason, if it failed. It sends the reason before it closes, so once the
+  // connection is gone the receive holds the reason or the loss.
+  std::optional<std::string> their_failure() const {
+    Status s = peer_.connected() ? their_failure_.status() : their_failure_.wait(kOpTimeout);
+    if (!s.ok()) return std::nullopt;
+    return text(kTheirFailure, their_failure_.bytes());
+  }
+  // Tells the other side why we stop, as far as it still listens, and closes the connection.
+  void tell_failure(const std::string& reason) {
+    std::string text = reason.substr(0, kControlBytes);
+    (void)peer_.send(kTagFailure, region_, put(kOurFailure, text), text.size())
+        .wait(kFailureTimeout);
+    peer_.close();
+  }
+  // Waits until the other side closes the connection. A side that closes first may lose the
+  // acknowledgement of the last message it took: the sender of that message would fail.
+  void await_close() const { (void)their_failure_.wait(kOpTimeout); }
+
+ private:
+  // Areas of the buffer: a receive may still be posted in one when another is written.
+  static constexpr uint64_t kOut = 0, kIn = kControlBytes, kTheirFailure = 2 * kControlBytes,
+                            kOurFailure = 3 * kControlBytes, kAreas = 4;
+  Future post(uint64_t tag) { return peer_.recv(tag, region_, kIn, kControlBytes); }
+  std::string wait(const Future& f, Duration timeout) const {
+    check(f.wait(timeout), "receive control message");
+    return text(kIn, f.bytes());
+  }
+  uint64_t put(uint64_t area, const std::string& text) {
+    if (text.size() > kControlBytes)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "control message of " + std::to_string(text.size()) + " bytes");
+    std::memcpy(buf_.data() + area, text.data(), text.size());
+    return area;
+  }
+  std::string text(uint64_t area, uint64_t bytes) const {
+    return std::string(reinterpret_cast<const char*>(buf_.data() + area), bytes);
+  }
+
+  Peer peer_;
+  std::vector<uint8_t> buf_;
+  Region region_;
+  Future their_failure_;
 };
 
-std::string human_size(uint64_t n) {
-  if (n >= (1u << 20) && n % (1u << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-
-Config engine_config(const BenchOptions& o, const std::string& listen) {
+Config engine_config(const BenchOptions& o, const Address& listen) {
   Config c;
-  if (!listen.empty()) {
-    auto colon = listen.rfind(':');
-    c.listen_host = colon == 0 ? "0.0.0.0" : listen.substr(0, colon);
-    c.listen_port = static_cast<uint16_t>(std::stoi(listen.substr(colon + 1)));
-  } else {
-    c.listen_host = "127.0.0.1";
-  }
-  if (o.transport == "tcp") {
-    c.transports = {TransportKind::kTcp};
-  } else if (o.transport != "verbs" && o.transport != "auto") {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--transport: '" + o.transport + "' is not one of auto, tcp, verbs");
-  }
+  c.listen_host = listen.host;
+  c.listen_port = listen.port;
+  if (o.transport == "tcp") c.transports = {TransportKind::kTcp};
   c.secret = o.secret;
   c.progress_threads = o.threads;
-  if (o.streams > 0) c.tcp_streams = o.streams;
-  if (o.qps > 0) c.verbs_qps = o.qps;
-  if (o.slice_bytes > 0) c.slice_bytes = o.slice_bytes;
-  if (o.stripe_bytes > 0) c.stripe_threshold = o.stripe_bytes;
-  if (o.busy_poll_us >= 0) c.busy_poll = std::chrono::microseconds(o.busy_poll_us);
-  if (o.wait_spin_us >= 0) c.wait_spin = std::chrono::microseconds(o.wait_spin_us);
+  if (o.streams) c.tcp_streams = *o.streams;
+  if (o.qps) c.verbs_qps = *o.qps;
+  if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
+  if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
+  if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
+  if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
   // The target's buffer holds only benchmark data, and its peer is this benchmark: large
   // send() messages land there zero-copy over verbs.
   c.zero_copy_receives = true;
   return c;
 }
 
+// --transport verbs on a host without RDMA fails here, before a target starts or a connection.
+void require_transport(const BenchOptions& o) {
+  if (o.transport != "verbs") return;
+  for (const auto& t : Engine::transports()) {
+    if (t.kind != TransportKind::kVerbs) continue;
+    if (t.usable) return;
+    throw Error(ErrorCode::kUnsupported,
+                "--transport verbs: not available on this host: " + t.detail + " (see ferry info)");
+  }
+  throw Error(ErrorCode::kUnsupported, "--transport verbs: not built into this version");
+}
+
+// The fields of a control message, all of it. A malformed one fails the session, and the other
+// side hears why.
+template <class... T>
+void read_fields(const std::string& message, T&... fields) {
+  std::istringstream in(message);
+  ((in >> fields), ...);
+  if (in.fail() || !(in >> std::ws).eof())
+    throw Error(ErrorCode::kProtocol, "malformed control message '" + message + "'");
+}
+
+void refuse_if(bool bad, const std::string& what) {
+  if (bad) throw Error(ErrorCode::kInvalidArgument, what);
+}
+
 // ---------------------------------------------------------------------------------------------
-// Target: registers what the initiator asks for and serves until told to stop.
+// Target: registers what an initiator asks for and serves it until told to stop.
 
-int run_target(const BenchOptions& o) {
-  Engine engine(engine_config(o, o.listen));
-  std::atomic<uint64_t> imms{0};
-  engine.on_imm([&](const ImmEvent&) { imms.fetch_add(1); });
-  std::cout << "listening on " << engine.address() << std::endl;
-  auto accepted = engine.accept(std::chrono::hours(24));
-  if (!accepted) return 1;
-  Peer peer = *accepted;
-  Mailbox mail(engine);
-
-  // Setup: "<bytes> <send-count> <send-size>"
-  std::istringstream setup(mail.recv(peer, kTagSetup));
-  uint64_t bytes = 0, send_count = 0, send_size = 0;
-  setup >> bytes >> send_count >> send_size;
-  std::vector<uint8_t> buf(bytes);
+// One initiator's session; `imms` counts its immediates.
+void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
+  const Peer& peer = mail.peer();
+  // Setup: "<bytes> <send-count> <send-size>" (the last two unused).
+  uint64_t bytes = 0, unused = 0;
+  read_fields(mail.recv(kTagSetup), bytes, unused, unused);
+  refuse_if(bytes == 0 || bytes > physical_memory(), "setup: a buffer of " + std::to_string(bytes) +
+                                                         " bytes asked for; this host has " +
+                                                         human_memory(physical_memory()));
+  std::vector<uint8_t> buf;
+  try {
+    buf.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kResourceExhausted, "setup: cannot allocate " + human_memory(bytes));
+  }
   fill(buf.data(), bytes, bytes);
   Region region = engine.register_memory(buf.data(), bytes, Access::kRemoteReadWrite);
-  mail.send(peer, kTagDescriptor, region.descriptor().to_string());
+  mail.send(kTagDescriptor, region.descriptor().to_string());
 
   // Serve send(): keep receives posted into rotating slots and check every message.
   uint64_t bad_messages = 0;
   for (;;) {
-    std::string cmd = mail.recv(peer, kTagSetup);
+    // Between commands the initiator may run one-sided operations for long: its liveness, not
+    // this wait, tells whether it is still there.
+    std::string cmd = mail.recv(kTagSetup, kIdleTimeout);
     if (cmd == "done") break;
-    std::istringstream in(cmd);
-    if (cmd.rfind("pingpong ", 0) == 0) {
+    if (cmd.starts_with("pingpong ")) {
       // "pingpong <rounds> <size> <initiator's descriptor> <prepared>": answer every round.
       std::string word, desc;
       uint64_t rounds = 0, size = 0;
       bool prepared = false;
-      in >> word >> rounds >> size >> desc >> prepared;
+      read_fields(cmd, word, rounds, size, desc, prepared);
+      refuse_if(size == 0 || size > bytes / 2,
+                "ping-pong: size " + std::to_string(size) + " does not fit twice in the buffer");
       Descriptor initiator = Descriptor::parse(desc);
       fill(buf.data() + size, size, size);
       PingPongWriter writer(peer, region, buf.data(), initiator, size, prepared);
@@ -205,9 +281,13 @@ int run_target(const BenchOptions& o) {
       }
       continue;
     }
+    // "<count> <size> <window>": receive `count` messages.
     uint64_t count = 0, size = 0, window = 0;
-    in >> count >> size >> window;
-    uint64_t slots = std::max<uint64_t>(1, std::min(window, bytes / std::max<uint64_t>(size, 1)));
+    read_fields(cmd, count, size, window);
+    refuse_if(size == 0 || size > bytes || window == 0, "send: size " + std::to_string(size) +
+                                                            " or window " + std::to_string(window) +
+                                                            " out of range");
+    uint64_t slots = std::min(window, bytes / size);
     std::deque<std::pair<Future, uint64_t>> posted;
     uint64_t next = 0;
     for (uint64_t done = 0; done < count;) {
@@ -223,10 +303,64 @@ int run_target(const BenchOptions& o) {
         ++bad_messages;
       ++done;
     }
-    mail.send(peer, kTagReport, std::to_string(bad_messages));
+    mail.send(kTagReport, std::to_string(bad_messages));
   }
-  mail.send(peer, kTagReport, std::to_string(imms.load()) + " " + std::to_string(bad_messages));
-  return 0;
+  mail.send(kTagReport, std::to_string(imms.load()) + " " + std::to_string(bad_messages));
+}
+
+// Serves one initiator; false if the session failed. A listener reports every failure; the
+// target `ferry bench` started (--once) leaves that to its initiator, which prints its own
+// failure or the one we told it.
+bool serve_one(Engine& engine, const Peer& peer, const std::atomic<uint64_t>& imms, bool once) {
+  Mailbox mail(engine, peer);
+  try {
+    serve(engine, mail, imms);
+    return true;
+  } catch (const std::exception& e) {
+    std::optional<std::string> theirs = mail.their_failure();
+    if (!theirs) mail.tell_failure(e.what());
+    if (!once) {
+      std::cerr << "ferry bench: initiator " << peer.address()
+                << (theirs ? " failed: " + *theirs : ": " + std::string(e.what())) << std::endl;
+    }
+    return false;
+  }
+}
+
+// After "listening on": the addresses a remote host can use when listening on every interface.
+void print_reachable(const Address& listen, uint16_t port) {
+  bool v4 = listen.host == "0.0.0.0", v6 = listen.host == "::";  // [::] takes IPv4 too
+  if (!v4 && !v6) return;
+  std::vector<InterfaceAddress> all = interface_addresses();
+  std::stable_partition(all.begin(), all.end(), [](const auto& a) { return !a.loopback; });
+  for (const auto& a : all) {
+    if (!a.up || a.link_local || (a.ipv6 && !v6)) continue;
+    std::cout << "reachable at " << Address{a.address, port}.to_string() << " (" << a.name
+              << (a.loopback ? ", this host only" : "") << ")\n";
+  }
+  std::cout << std::flush;
+}
+
+int run_target(const BenchOptions& o) {
+  Engine engine(engine_config(o, *o.listen));
+  std::atomic<uint64_t> initiator{0}, imms{0};
+  engine.on_imm([&](const ImmEvent& e) {
+    if (e.peer_engine_id == initiator.load()) imms.fetch_add(1);
+  });
+  // The first line as it is: the initiator that started this target reads it.
+  std::cout << "listening on " << engine.address() << std::endl;
+  print_reachable(*o.listen, engine.port());
+  for (;;) {
+    std::optional<Peer> accepted = engine.accept(kIdleTimeout);
+    if (!accepted) {
+      if (o.once) return 1;
+      continue;
+    }
+    imms = 0;
+    initiator = accepted->engine_id();
+    bool ok = serve_one(engine, *accepted, imms, o.once);
+    if (o.once) return ok ? 0 : 1;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,6 +375,33 @@ struct Row {
   bool verified;
 };
 
+// While one size runs longer than a second, a line on stderr that says how far it is, redrawn
+// at most ten times a second and erased before the size's row is printed. Only on terminals.
+class Progress {
+ public:
+  Progress(bool shown, std::string what, uint64_t total)
+      : shown_(shown), what_(std::move(what)), total_(total), start_(BenchClock::now()) {}
+  ~Progress() {
+    if (drawn_) std::fputs("\r\033[K", stderr);
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  // `now`: the caller's clock reading, so that the measured loop reads no clock for us.
+  void update(uint64_t done, BenchClock::time_point now) {
+    if (!shown_ || now - start_ < 1s || (drawn_ && now - drawn_at_ < 100ms)) return;
+    std::fprintf(stderr, "\r%s %3d%%", what_.c_str(), static_cast<int>(100 * done / total_));
+    drawn_ = true;
+    drawn_at_ = now;
+  }
+
+ private:
+  bool shown_;
+  std::string what_;
+  uint64_t total_;
+  BenchClock::time_point start_, drawn_at_;
+  bool drawn_ = false;
+};
+
 struct Initiator {
   const BenchOptions& o;
   Engine& engine;
@@ -250,6 +411,7 @@ struct Initiator {
   std::vector<uint8_t> buf, check_buf;
   Region region, check_region;
   Mailbox& mail;
+  bool progress;  // a terminal shows Progress
   uint64_t imms_sent = 0;
 
   uint64_t slot_offset(uint64_t size, int slot) const {
@@ -314,16 +476,13 @@ struct Initiator {
   }
 
   Row run(const std::string& op, uint64_t size) {
-    int iters = o.iters;
-    if (iters <= 0) {
-      uint64_t per_op = size * static_cast<uint64_t>(o.batch);
-      iters = static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters));
-    }
+    uint64_t per_op = size * static_cast<uint64_t>(o.batch);
+    int iters = o.iters.value_or(
+        static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters)));
     if (op == "pingpong") return pingpong(size, iters);
     if (op == "send") {
-      mail.send(peer, kTagSetup,
-                std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
-                    std::to_string(o.concurrency));
+      mail.send(kTagSetup, std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
+                               std::to_string(o.concurrency));
       fill(buf.data(), size, size);
       // Sends reuse one source slot, so every message carries the pattern the target checks.
     }
@@ -346,6 +505,7 @@ struct Initiator {
     for (int i = 0; i < kWarmupIters; ++i) {
       check(start(op, size, slot_for(i), batches[0]).wait(kOpTimeout), op + " warm-up");
     }
+    Progress shown(progress, op + " " + human_size(size), static_cast<uint64_t>(iters));
     auto t0 = BenchClock::now();
     int issued = 0;
     while (issued < iters || !inflight.empty()) {
@@ -359,11 +519,13 @@ struct Initiator {
       auto [f, ts] = inflight.front();
       inflight.pop_front();
       check(f.wait(kOpTimeout), op + " " + human_size(size));
-      lat_us.push_back(std::chrono::duration<double, std::micro>(BenchClock::now() - ts).count());
+      auto now = BenchClock::now();
+      lat_us.push_back(std::chrono::duration<double, std::micro>(now - ts).count());
+      shown.update(lat_us.size(), now);
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
-      std::string bad = mail.recv(peer, kTagReport);
+      std::string bad = mail.recv(kTagReport);
       if (bad != "0")
         throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);
     }
@@ -380,9 +542,8 @@ struct Initiator {
     Region pp_region = engine.register_memory(pp.data(), pp.size(), Access::kRemoteWrite);
     fill(pp.data() + size, size, size + 1);
     auto rounds = static_cast<uint64_t>(iters) + kWarmupIters;
-    mail.send(peer, kTagSetup,
-              "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
-                  pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0"));
+    mail.send(kTagSetup, "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
+                             pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0"));
     std::vector<double> lat_us;
     lat_us.reserve(static_cast<std::size_t>(iters));
     // A round is the time between two posts, as perftest's ib_write_lat takes it; the clock is
@@ -390,6 +551,7 @@ struct Initiator {
     auto t0 = BenchClock::now();
     auto ts = t0;
     PingPongWriter writer(peer, pp_region, pp.data(), remote, size, o.prepared);
+    Progress shown(progress, "pingpong " + human_size(size), rounds);
     for (uint64_t r = 0; r < rounds; ++r) {
       Future f = writer.post(r);
       auto te = BenchClock::now();
@@ -399,6 +561,7 @@ struct Initiator {
         t0 = te;
       }
       ts = te;
+      shown.update(r, te);
       pingpong_wait(std::move(f));
       await_round(pp.data(), size, r);
     }
@@ -442,47 +605,21 @@ void print_row(const Row& r, bool json, const std::string& transport) {
   std::cout << line << std::endl;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-int run_initiator(const BenchOptions& o, const std::string& address) {
-  std::vector<std::string> ops = split(o.op);
-  for (const auto& op : ops) {
-    if (op != "write" && op != "read" && op != "write_imm" && op != "send" && op != "pingpong") {
-      throw Error(ErrorCode::kInvalidArgument, "--op: unknown operation '" + op + "'");
-    }
-  }
-  if (o.batch < 1 || o.concurrency < 1)
-    throw Error(ErrorCode::kInvalidArgument, "--batch and --concurrency must be >= 1");
-  std::vector<uint64_t> sizes = o.sizes;
-  if (sizes.empty()) {
-    for (uint64_t s = 4096; s <= (64u << 20); s *= 4) sizes.push_back(s);
-  }
-  uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  uint64_t bytes = largest * static_cast<uint64_t>(o.batch) * static_cast<uint64_t>(o.concurrency);
-  bytes = std::min<uint64_t>(
-      bytes, std::max<uint64_t>(largest * static_cast<uint64_t>(o.batch), 256ull << 20));
-  bytes = std::max<uint64_t>(bytes, 2 * largest);  // ping-pong's receive and send areas
-
-  Engine engine(engine_config(o, ""));
-  Peer peer = engine.connect(address);
+// One connection's whole benchmark, after the connection.
+void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
+  const Peer& peer = mail.peer();
   if (o.transport == "verbs" && peer.transport() != TransportKind::kVerbs) {
     throw Error(ErrorCode::kUnsupported,
                 "verbs is not available between these peers (see ferry info)");
   }
-  Mailbox mail(engine);
-  mail.send(peer, kTagSetup, std::to_string(bytes) + " 0 0");
-  Descriptor remote = Descriptor::parse(mail.recv(peer, kTagDescriptor));
+  uint64_t bytes = buffer_bytes(o);
+  Descriptor remote =
+      Descriptor::parse(mail.request(kTagSetup, std::to_string(bytes) + " 0 0", kTagDescriptor));
 
+  bool progress = !o.json && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
   Initiator ini{
-      o,  engine, peer, remote, bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
-      {}, {},     mail};
+      o,  engine, peer, remote,  bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
+      {}, {},     mail, progress};
   ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
   ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
   fill(ini.buf.data(), bytes, 7);
@@ -490,37 +627,50 @@ int run_initiator(const BenchOptions& o, const std::string& address) {
   if (!o.json) {
     std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");
+    std::fflush(stdout);  // a reader of a pipe sees the run start
   }
-  for (const auto& op : ops) {
-    for (uint64_t size : sizes)
+  for (const auto& op : o.ops) {
+    for (uint64_t size : o.sizes)
       print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
   }
-  mail.send(peer, kTagSetup, "done");
-  std::istringstream report(mail.recv(peer, kTagReport));
   uint64_t imms = 0, bad = 0;
-  report >> imms >> bad;
+  read_fields(mail.request(kTagSetup, "done", kTagReport), imms, bad);
   if (imms != ini.imms_sent) {
     throw Error(ErrorCode::kProtocol, "target got " + std::to_string(imms) + " immediates, " +
                                           std::to_string(ini.imms_sent) + " were sent");
   }
-  return 0;
 }
 
-// Starts `ferry bench --listen 127.0.0.1:0` and returns the address it prints.
+void run_initiator(const BenchOptions& o, const std::string& address) {
+  Engine engine(engine_config(o, Address{"127.0.0.1", 0}));
+  Mailbox mail(engine, engine.connect(address));
+  try {
+    run_session(o, engine, mail);
+  } catch (const std::exception& e) {
+    if (std::optional<std::string> theirs = mail.their_failure())
+      throw std::runtime_error("target: " + *theirs);
+    mail.tell_failure(e.what());
+    throw;
+  }
+  mail.await_close();
+}
+
+// Starts `ferry bench --listen 127.0.0.1:0 --once` and returns the address it prints.
 pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& address) {
   int out[2];
   if (pipe(out) != 0) throw Error(ErrorCode::kSystem, "pipe failed");
-  std::vector<std::string> args = {self,          "bench",     "--listen",
-                                   "127.0.0.1:0", "--threads", std::to_string(o.threads)};
+  std::vector<std::string> args = {
+      self, "bench", "--listen", "127.0.0.1:0", "--once", "--threads", std::to_string(o.threads)};
   if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
-  if (o.streams > 0) args.insert(args.end(), {"--streams", std::to_string(o.streams)});
-  if (o.qps > 0) args.insert(args.end(), {"--qps", std::to_string(o.qps)});
-  if (o.slice_bytes > 0) args.insert(args.end(), {"--slice", std::to_string(o.slice_bytes)});
-  if (o.stripe_bytes > 0) args.insert(args.end(), {"--stripe", std::to_string(o.stripe_bytes)});
-  if (o.busy_poll_us >= 0)
-    args.insert(args.end(), {"--busy-poll-us", std::to_string(o.busy_poll_us)});
-  if (o.wait_spin_us >= 0)
-    args.insert(args.end(), {"--wait-spin-us", std::to_string(o.wait_spin_us)});
+  auto pass = [&](const char* flag, const auto& value) {
+    if (value) args.insert(args.end(), {flag, std::to_string(*value)});
+  };
+  pass("--streams", o.streams);
+  pass("--qps", o.qps);
+  pass("--slice", o.slice_bytes);
+  pass("--stripe", o.stripe_bytes);
+  pass("--busy-poll-us", o.busy_poll_us);
+  pass("--wait-spin-us", o.wait_spin_us);
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
@@ -552,13 +702,16 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
 }  // namespace
 
 int run_bench(const BenchOptions& o, const std::string& self_path) {
-  if (!o.listen.empty()) return run_target(o);
-  if (!o.connect.empty()) return run_initiator(o, o.connect);
+  require_transport(o);
+  if (o.listen) return run_target(o);
+  if (o.connect) {
+    run_initiator(o, o.connect->to_string());
+    return 0;
+  }
   std::string address;
   pid_t pid = spawn_target(o, self_path, address);
-  int rc = 1;
   try {
-    rc = run_initiator(o, address);
+    run_initiator(o, address);
   } catch (...) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
@@ -570,7 +723,7 @@ int run_bench(const BenchOptions& o, const std::string& self_path) {
     std::cerr << "ferry bench: target process failed" << std::endl;
     return 1;
   }
-  return rc;
+  return 0;
 }
 
 }  // namespace ferry::cli

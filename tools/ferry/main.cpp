@@ -1,17 +1,19 @@
 // The `ferry` command: benchmark and host information.
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <climits>
 #include <iostream>
 
 #include "bench.hpp"
 #include "ferry/ferry.hpp"
+#include "info.hpp"
 
 namespace {
+
+// Exit status of a command line refused before anything started; 1 is a run that failed.
+constexpr int kExitUsage = 2;
 
 std::string self_path(const char* argv0) {
   char buf[PATH_MAX];
@@ -21,33 +23,50 @@ std::string self_path(const char* argv0) {
   return buf;
 }
 
-int run_info() {
-  std::cout << "ferry " << ferry::Engine::version() << "\n\ntransports:\n";
-  std::vector<std::string> rdma_devices;
-  for (const auto& t : ferry::Engine::transports()) {
-    std::cout << "  " << ferry::to_string(t.kind) << (t.usable ? "  usable   " : "  unusable ")
-              << t.detail << "\n";
-    if (t.kind == ferry::TransportKind::kVerbs) rdma_devices = t.devices;
-  }
-  std::cout << "\nnetwork interfaces (tcp):\n";
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-      if (a->ifa_addr == nullptr) continue;
-      int family = a->ifa_addr->sa_family;
-      if (family != AF_INET && family != AF_INET6) continue;
-      char host[NI_MAXHOST];
-      socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      if (getnameinfo(a->ifa_addr, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
-        continue;
-      std::cout << "  " << a->ifa_name << "  " << host
-                << ((a->ifa_flags & IFF_UP) ? "" : "  (down)") << "\n";
+// Optimal string alignment distance: a swap of two letters ("bnech") counts once.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-    freeifaddrs(list);
   }
-  std::cout << "\nrdma devices:" << (rdma_devices.empty() ? " none" : "") << "\n";
-  for (const auto& d : rdma_devices) std::cout << "  " << d << "\n";
-  return 0;
+  return d[a.size()][b.size()];
+}
+
+// CLI11 2.1 says only "A subcommand is required" for a misspelt command: name it, and the
+// closest one.
+bool unknown_command(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  std::string word = argv[1], closest, names;
+  std::size_t best = 3;  // suggest within two edits
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return false;
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+    if (std::size_t d = edit_distance(word, sub->get_name()); d < best) {
+      best = d;
+      closest = sub->get_name();
+    }
+  }
+  std::cerr << "ferry: unknown command '" << word << "'";
+  if (closest.empty()) {
+    std::cerr << " (commands: " << names << ")\n";
+  } else {
+    std::cerr << "; did you mean '" << closest << "'?\n";
+  }
+  return true;
+}
+
+// "ferry bench: --iters: '0' must be between 1 and 1000000"
+std::string failure_message(const CLI::App* app, const CLI::Error& e) {
+  std::string who = "ferry";
+  for (const CLI::App* sub : app->get_subcommands()) who += " " + sub->get_name();
+  return who + ": " + e.what() + "\n(" + who + " --help shows the options)\n";
 }
 
 }  // namespace
@@ -55,53 +74,30 @@ int run_info() {
 int run(int argc, char** argv) {
   CLI::App app{"Ferry: peer-to-peer transfer engine"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "ferry " + std::string(ferry::Engine::version()));
+  app.option_defaults()->always_capture_default();
+  app.failure_message(failure_message);
 
   ferry::cli::BenchOptions bench;
   auto* b = app.add_subcommand("bench",
                                "Two-process transfer benchmark (starts its own target by default)");
-  b->add_option("--listen", bench.listen,
-                "Run as the target, accepting one initiator on HOST:PORT");
-  b->add_option("--connect", bench.connect, "Run as the initiator against a target at HOST:PORT");
-  b->add_option(
-      "--op", bench.op,
-      "Comma-separated operations: write, read, write_imm, send, pingpong (half the round "
-      "trip of answered writes, as ib_write_lat)");
-  b->add_option("--sizes", bench.sizes, "Transfer sizes in bytes (default 4K..64M, x4 steps)")
-      ->delimiter(',');
-  b->add_option("--batch", bench.batch, "Entries per operation");
-  b->add_option("--concurrency", bench.concurrency, "Operations in flight");
-  b->add_option("--transport", bench.transport, "Transport: auto (best present), tcp or verbs");
-  b->add_option("--iters", bench.iters,
-                "Operations per size (default: about 512 MiB or at least 20)");
-  b->add_flag("--json", bench.json, "One JSON object per result line");
-  b->add_option("--secret", bench.secret, "Shared secret for peer authentication");
-  b->add_option("--streams", bench.streams, "TCP sockets per peer");
-  b->add_option("--qps", bench.qps, "Verbs queue pairs per peer");
-  b->add_option("--slice", bench.slice_bytes, "Slice size in bytes for large transfers");
-  b->add_option("--stripe", bench.stripe_bytes,
-                "Operations above this many bytes use every socket");
-  b->add_option("--threads", bench.threads, "Progress threads per engine");
-  b->add_option("--busy-poll-us", bench.busy_poll_us, "Progress threads spin this long after work");
-  b->add_option("--wait-spin-us", bench.wait_spin_us,
-                "Future::wait spins this long before sleeping");
-  b->add_flag("--prepared", bench.prepared,
-              "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
-  b->add_flag("--same-area", bench.same_area,
-              "Operations in flight all use the same buffer area, as perftest's do (default: "
-              "one area each)");
-  b->get_option("--listen")->excludes("--connect");
-
+  ferry::cli::add_bench_options(*b, bench);
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
+  bool info_json = false;
+  info->add_flag("--json", info_json, "One JSON object: version, transports, interfaces");
 
-  CLI11_PARSE(app, argc, argv);
+  if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
-    if (*info) return run_info();
+    app.parse(argc, argv);
+    if (*b) ferry::cli::check_bench_options(bench);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+  try {
+    if (*info) return ferry::cli::run_info(info_json);
     return ferry::cli::run_bench(bench, self_path(argv[0]));
-  } catch (const ferry::Error& e) {
-    std::cerr << "ferry: " << e.what() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ferry: " << e.what() << std::endl;
+    std::cerr << "ferry " << (*info ? "info" : "bench") << ": " << e.what() << std::endl;
     return 1;
   }
 }

@@ -1,0 +1,452 @@
+// The `ferry` command: its answers to bad input (a table), its runs, a listener that serves one
+// initiator after another, and failures printed by the side that can explain them.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+
+#include "support/pair.hpp"
+
+extern char** environ;
+
+namespace ferry::test {
+namespace {
+
+// Every command runs under `timeout`: a guard against a hang, never a measurement.
+const std::string kFerry = std::string("timeout 300 ") + FERRY_CLI_PATH;
+
+// Starts `ferry <args>` through the shell, stdout and stderr together.
+class Command {
+ public:
+  explicit Command(const std::string& args)
+      : pipe_(popen((kFerry + " " + args + " 2>&1").c_str(), "r")) {}
+  ~Command() {
+    if (pipe_ != nullptr) pclose(pipe_);
+  }
+  Command(const Command&) = delete;
+  Command& operator=(const Command&) = delete;
+  // Its exit code, once it ended, and everything it printed.
+  int finish(std::string& output) {
+    char line[512];
+    while (fgets(line, sizeof line, pipe_) != nullptr) output += line;
+    int status = pclose(pipe_);
+    pipe_ = nullptr;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  FILE* pipe_;
+};
+
+int run(const std::string& args, std::string& output) { return Command(args).finish(output); }
+
+// A `ferry` process in the background: stdout read line by line, stderr at the end.
+class Background {
+ public:
+  explicit Background(std::vector<std::string> args) {
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    posix_spawn_file_actions_addclose(&fa, err[0]);
+    args.insert(args.begin(), FERRY_CLI_PATH);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int rc = posix_spawn(&pid_, FERRY_CLI_PATH, &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(out[1]);
+    close(err[1]);
+    if (rc != 0) throw std::runtime_error("posix_spawn");
+    out_ = fdopen(out[0], "r");
+    err_ = err[0];
+  }
+  ~Background() {
+    if (pid_ > 0) kill_now();
+    fclose(out_);
+    close(err_);
+  }
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+
+  // The next line of stdout, "" at its end.
+  std::string line() {
+    char buf[512];
+    if (fgets(buf, sizeof buf, out_) == nullptr) return "";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  bool running() const { return waitpid(pid_, nullptr, WNOHANG) == 0; }
+  void kill_now() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // Its exit code once it ends by itself.
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  // Everything on stderr; the process must have ended.
+  std::string errors() const {
+    std::string s;
+    char buf[512];
+    for (ssize_t n; (n = read(err_, buf, sizeof buf)) > 0;)
+      s.append(buf, static_cast<std::size_t>(n));
+    return s;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int err_ = -1;
+};
+
+// `ferry bench --listen ...`: its address, from the first line it prints.
+std::string listening_address(Background& target) {
+  std::string first = target.line();
+  const std::string prefix = "listening on ";
+  if (first.rfind(prefix, 0) != 0) return "";
+  return first.substr(prefix.size());
+}
+
+std::string verbs_unusable_reason() {
+  for (const auto& t : Engine::transports()) {
+    if (t.kind == TransportKind::kVerbs && !t.usable) return t.detail;
+  }
+  return "";
+}
+
+struct Case {
+  std::string args;
+  int exit_code;
+  std::string says;  // part of what it prints
+};
+
+TEST(Cli, AnswersToEveryKindOfInput) {
+  std::vector<Case> cases = {
+      // Sizes: --sizes, --slice, --stripe.
+      {"bench --sizes 0", 2, "ferry bench: --sizes: '0' must be at least 1 byte"},
+      {"bench --sizes 4K,0", 2, "--sizes: '0' must be at least 1 byte"},
+      {"bench --sizes -5", 2, "--sizes: '-5' is not a size (use a number with an optional K"},
+      {"bench --sizes 1.5M", 2, "--sizes: '1.5M' is not a size"},
+      {"bench --sizes 4Q", 2, "--sizes: '4Q' is not a size"},
+      {"bench --sizes ''", 2, "--sizes: '' is not a size"},
+      {"bench --sizes 1024T", 2, "--sizes: '1024T' is larger than this host's memory ("},
+      {"bench --sizes 99999999999999999999", 2, "is larger than this host's memory"},
+      {"bench --sizes 1G --batch 1024 --concurrency 4", 2, "more than its memory"},
+      {"bench --slice 0", 2, "--slice: '0' must be between 4K and 64M"},
+      {"bench --slice 128M", 2, "--slice: '128M' must be between 4K and 64M"},
+      {"bench --slice -5", 2, "--slice: '-5' is not a size"},
+      {"bench --slice 1024T", 2, "--slice: '1024T' is larger than this host's memory"},
+      {"bench --stripe 0", 2, "--stripe: '0' must be at least 1 byte"},
+      {"bench --stripe -5", 2, "--stripe: '-5' is not a size"},
+      {"bench --stripe 1024T", 2, "--stripe: '1024T' is larger than this host's memory"},
+      // Numbers.
+      {"bench --iters 0", 2, "--iters: '0' must be between 1 and "},
+      {"bench --iters x", 2, "--iters: 'x' is not a whole number"},
+      {"bench --streams 0", 2, "--streams: '0' must be between 1 and 16"},
+      {"bench --streams 17", 2, "--streams: '17' must be between 1 and 16"},
+      {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 16"},
+      {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
+      {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
+      {"bench --batch 100 --concurrency 100", 2, "transfers in flight; at most 4096"},
+      {"bench --threads 0", 2, "--threads: '0' must be between 1 and 64"},
+      {"bench --threads 65", 2, "--threads: '65' must be between 1 and 64"},
+      {"bench --busy-poll-us -1", 2, "--busy-poll-us: '-1' must be between 0 and "},
+      {"bench --wait-spin-us -1", 2, "--wait-spin-us: '-1' must be between 0 and "},
+      // Operations and transports.
+      {"bench --op ''", 2, "--op: '' names no operation (use write, read"},
+      {"bench --op write,,read", 2, "--op: 'write,,read' has an empty operation"},
+      {"bench --op teleport", 2, "--op: unknown operation 'teleport'"},
+      {"bench --transport pigeon", 2, "--transport: 'pigeon' is not one of auto, tcp, verbs"},
+      // Addresses.
+      {"bench --listen ''", 2, "--listen: '' is not an address"},
+      {"bench --listen 127.0.0.1", 2, "--listen: '127.0.0.1' has no port"},
+      {"bench --listen 127.0.0.1:", 2, "--listen: '127.0.0.1:' has no port"},
+      {"bench --listen 127.0.0.1:70000", 2, "port '70000' is out of range (0 to 65535)"},
+      {"bench --listen ::1:5000", 2, "an IPv6 address goes in brackets"},
+      {"bench --listen '[::1:5000'", 2, "--listen: '[::1:5000' has no closing ']'"},
+      {"bench --listen '[]:5000'", 2, "--listen: '[]:5000' has an empty host"},
+      {"bench --connect 127.0.0.1:0", 2, "port '0' is out of range (1 to 65535)"},
+      {"bench --connect :5000", 2, "--connect: ':5000' has an empty host"},
+      {"bench --connect localhost", 2, "--connect: 'localhost' has no port"},
+      {"bench --connect '[::1]'", 2, "--connect: '[::1]' has no port"},
+      {"bench --connect '[::1]5000'", 2, "has no ':' after ']'"},
+      {"bench --connect fd00::2:5000", 2, "an IPv6 address goes in brackets"},
+      {"bench --connect localhost:http", 2, "port 'http' is not a number"},
+      {"bench --listen 127.0.0.1:0 --connect 127.0.0.1:1", 2, "excludes --connect"},
+      {"bench --once", 2, "--once: only with --listen"},
+      // Commands, version, help.
+      {"bnech", 2, "ferry: unknown command 'bnech'; did you mean 'bench'?"},
+      {"inof", 2, "did you mean 'info'?"},
+      {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info)"},
+      {"--version", 0, "ferry " + std::string(Engine::version())},
+      {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp_streams)},
+      {"bench --help", 0, "--transport NAME=auto"},
+      {"bench --help", 0, "--sizes SIZES=4K,16K,64K,256K,1M,4M,16M,64M"},
+      {"bench --help", 0,
+       "--wait-spin-us US=" +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::microseconds>(Config{}.wait_spin).count())},
+  };
+  std::string reason = verbs_unusable_reason();
+  if (!reason.empty()) cases.push_back({"bench --transport verbs", 1, reason});
+  for (const auto& c : cases) {
+    std::string out;
+    EXPECT_EQ(run(c.args, out), c.exit_code) << c.args << "\n" << out;
+    EXPECT_NE(out.find(c.says), std::string::npos) << c.args << "\nwanted: " << c.says << "\n"
+                                                   << out;
+    EXPECT_EQ(out.find("listening on"), std::string::npos) << c.args << "\n" << out;
+  }
+}
+
+TEST(Cli, Info) {
+  std::string text;
+  ASSERT_EQ(run("info", text), 0) << text;
+  // Aligned columns; the guest suite greps "verbs +usable" (tests/rdma/ferry.tests).
+  EXPECT_TRUE(std::regex_search(text, std::regex("\n  tcp +usable +built in"))) << text;
+  EXPECT_TRUE(std::regex_search(text, std::regex("\n  verbs +(usable|unusable) "))) << text;
+  std::string json;
+  ASSERT_EQ(run("info --json", json), 0) << json;
+  EXPECT_EQ(json.front(), '{') << json;
+  EXPECT_EQ(json.substr(json.size() - 2), "}\n") << json;
+  EXPECT_EQ(std::count(json.begin(), json.end(), '\n'), 1) << json;
+  for (const std::string& part :
+       {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
+        std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
+        std::string("],\"interfaces\":[{\"name\":\""),
+        std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
+    EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
+  }
+}
+
+// A listening socket nobody should connect to.
+struct Trap {
+  Trap() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd, 8) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("trap socket");
+    }
+    address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~Trap() { close(fd); }
+  bool connected() const {
+    int c = accept(fd, nullptr, nullptr);
+    if (c >= 0) close(c);
+    return c >= 0;
+  }
+  int fd = -1;
+  std::string address;
+};
+
+TEST(Cli, BadInputConnectsToNothingAndListensNowhere) {
+  Trap trap;
+  std::vector<std::string> bad = {"--sizes 0", "--sizes 1024T", "--iters 0",
+                                  "--op ''",   "--qps -1",      "--slice 0"};
+  if (!verbs_unusable_reason().empty()) bad.push_back("--transport verbs");
+  for (const auto& args : bad) {
+    std::string out;
+    EXPECT_NE(run("bench --connect " + trap.address + " " + args, out), 0) << args << "\n" << out;
+    EXPECT_FALSE(trap.connected()) << args;
+    std::string listener;
+    EXPECT_NE(run("bench --listen 127.0.0.1:0 " + args, listener), 0) << args;
+    EXPECT_EQ(listener.find("listening on"), std::string::npos) << args << "\n" << listener;
+  }
+}
+
+TEST(Cli, BenchRunsEveryOperationAndVerifies) {
+  std::string out;
+  ASSERT_EQ(run("bench --op write,read,write_imm,send --sizes 4K,1000003 --iters 5 --batch 3 "
+                "--concurrency 2 --secret k",
+                out),
+            0)
+      << out;
+  for (const char* op : {"write ", "read ", "write_imm ", "send "}) {
+    EXPECT_NE(out.find(std::string("tcp       ") + op), std::string::npos) << op << "\n" << out;
+  }
+  EXPECT_EQ(out.find('\r'), std::string::npos) << "progress shown off a terminal\n" << out;
+  std::string json;
+  ASSERT_EQ(run("bench --op read --sizes 64KiB --iters 3 --json", json), 0) << json;
+  EXPECT_NE(json.find("\"size\":65536,"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"verified\":true"), std::string::npos) << json;
+  // Batches prepared once and posted again (Peer::prepare_*), all in one area, checked the
+  // same way. (Not the ping-pong: over TCP its polling of memory the receiving thread copies
+  // into is a data race by design, which TSan stops; the guest suite runs it over verbs.)
+  std::string prepared;
+  ASSERT_EQ(run("bench --op write,read,write_imm --prepared --same-area --sizes 4096,1000003 "
+                "--iters 5 --batch 3 --concurrency 2 --json",
+                prepared),
+            0)
+      << prepared;
+  EXPECT_EQ(std::count(prepared.begin(), prepared.end(), '\n'), 6) << prepared;
+  EXPECT_EQ(prepared.find("\"prepared\":false"), std::string::npos) << prepared;
+  EXPECT_EQ(prepared.find("\"verified\":false"), std::string::npos) << prepared;
+}
+
+TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {
+  Background target({"bench", "--listen", "127.0.0.1:0"});
+  std::string address = listening_address(target);
+  ASSERT_FALSE(address.empty());
+  {
+    // Far more than it can move before it is killed: the header says the run has started.
+    Background doomed(
+        {"bench", "--connect", address, "--op", "write", "--sizes", "16M", "--iters", "1000000"});
+    ASSERT_EQ(doomed.line().rfind("transport", 0), 0u);
+    doomed.kill_now();
+  }
+  std::string out;
+  ASSERT_EQ(
+      run("bench --connect " + address + " --op write,read,send --sizes 4K,1M --iters 5", out), 0)
+      << out;
+  EXPECT_NE(out.find("tcp       send"), std::string::npos) << out;
+  EXPECT_TRUE(target.running());
+  target.kill_now();
+  std::string errors = target.errors();
+  EXPECT_NE(errors.find("ferry bench: initiator "), std::string::npos) << errors;
+  EXPECT_NE(errors.find("peer_lost"), std::string::npos) << errors;
+}
+
+// The bench's control tags (tools/ferry/bench.cpp): a peer written here speaks them to make
+// the other side's process meet a failure it did not cause.
+constexpr uint64_t kTagSetup = 1;
+constexpr uint64_t kTagFailure = 5;
+
+// A hand-made bench peer's messages.
+struct FakePeer {
+  explicit FakePeer(Engine& e, Peer p) : peer(std::move(p)), buf(8192) {
+    region = e.register_memory(buf.data(), buf.size(), Access::kLocal);
+  }
+  ~FakePeer() { peer.close(); }  // ends a receive still posted
+  Status send(uint64_t tag, const std::string& text) {
+    std::memcpy(buf.data(), text.data(), text.size());
+    return peer.send(tag, region, 0, text.size()).wait(kWait);
+  }
+  Future post_recv(uint64_t tag) { return peer.recv(tag, region, 4096, 4096); }
+  std::string received(const Future& f) const {
+    return std::string(reinterpret_cast<const char*>(buf.data() + 4096), f.bytes());
+  }
+  Peer peer;
+  std::vector<uint8_t> buf;
+  Region region;
+};
+
+TEST(Cli, TargetRefusesABadSetupAndTellsTheInitiator) {
+  Background target({"bench", "--listen", "127.0.0.1:0"});
+  std::string address = listening_address(target);
+  ASSERT_FALSE(address.empty());
+  Engine engine(test_config());
+  {
+    FakePeer initiator(engine, engine.connect(address));
+    Future reason = initiator.post_recv(kTagFailure);
+    ASSERT_TRUE(initiator.send(kTagSetup, "0 0 0").ok());
+    ASSERT_TRUE(reason.wait(kWait).ok()) << reason.status().to_string();
+    EXPECT_NE(initiator.received(reason).find("setup: a buffer of 0 bytes asked for"),
+              std::string::npos)
+        << initiator.received(reason);
+  }
+  // The listener goes on: a real initiator after the failed one.
+  std::string out;
+  ASSERT_EQ(run("bench --connect " + address + " --op read --sizes 4K --iters 5", out), 0) << out;
+  EXPECT_TRUE(target.running());
+  target.kill_now();
+  std::string errors = target.errors();
+  EXPECT_NE(errors.find("setup: a buffer of 0 bytes asked for"), std::string::npos) << errors;
+
+  // Serving once, the target exits nonzero; its initiator heard why, so it says nothing.
+  Background once({"bench", "--listen", "127.0.0.1:0", "--once"});
+  address = listening_address(once);
+  ASSERT_FALSE(address.empty());
+  {
+    FakePeer initiator(engine, engine.connect(address));
+    Future reason = initiator.post_recv(kTagFailure);
+    ASSERT_TRUE(initiator.send(kTagSetup, "lots").ok());
+    ASSERT_TRUE(reason.wait(kWait).ok()) << reason.status().to_string();
+    EXPECT_NE(initiator.received(reason).find("malformed control message 'lots'"),
+              std::string::npos)
+        << initiator.received(reason);
+  }
+  EXPECT_EQ(once.wait(), 1);
+  EXPECT_EQ(once.errors(), "");
+}
+
+TEST(Cli, InitiatorPrintsTheTargetsReason) {
+  Engine engine(test_config());
+  Command initiator("bench --connect " + engine.address() + " --op write --sizes 4K --iters 5");
+  std::optional<Peer> accepted = engine.accept(kWait);
+  ASSERT_TRUE(accepted);
+  {
+    FakePeer target(engine, *accepted);
+    Future setup = target.post_recv(kTagSetup);
+    ASSERT_TRUE(setup.wait(kWait).ok()) << setup.status().to_string();
+    ASSERT_TRUE(target.send(kTagFailure, "setup: this target refuses every buffer").ok());
+  }
+  std::string out;
+  EXPECT_EQ(initiator.finish(out), 1) << out;
+  EXPECT_NE(out.find("ferry bench: target: setup: this target refuses every buffer"),
+            std::string::npos)
+      << out;
+}
+
+bool has_ipv6_loopback() {
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+TEST(Cli, ListenerOnEveryInterfaceShowsWhereToConnect) {
+  Background v4({"bench", "--listen", "0.0.0.0:0"});
+  std::string address = listening_address(v4);
+  ASSERT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;  // as the initiator parses it
+  std::string port = address.substr(address.find(':') + 1);
+  std::vector<std::string> lines;
+  // Loopback comes last, after the addresses another host can use.
+  for (std::string l = v4.line(); !l.empty(); l = v4.line()) {
+    lines.push_back(l);
+    if (l.find("(lo, this host only)") != std::string::npos) break;
+  }
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "reachable at 127.0.0.1:" + port + " (lo, this host only)");
+  for (const auto& l : lines) {
+    EXPECT_EQ(l.rfind("reachable at ", 0), 0u) << l;
+    EXPECT_EQ(l.find('['), std::string::npos) << "IPv6 on an IPv4 listener: " << l;
+  }
+  v4.kill_now();
+
+  if (!has_ipv6_loopback()) GTEST_SKIP() << "no IPv6 loopback here";
+  Background v6({"bench", "--listen", "[::]:0"});
+  address = listening_address(v6);
+  ASSERT_FALSE(address.empty());
+  port = address.substr(address.find(':') + 1);
+  std::string out;
+  EXPECT_EQ(run("bench --connect '[::1]:" + port + "' --op write --sizes 4K --iters 3", out), 0)
+      << out;
+  EXPECT_EQ(run("bench --connect " + address + " --op write --sizes 4K --iters 3", out), 0) << out;
+}
+
+}  // namespace
+}  // namespace ferry::test

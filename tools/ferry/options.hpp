@@ -1,0 +1,63 @@
+// `ferry bench` options: the flags, the values each accepts, and the checks made before
+// anything connects or starts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace ferry::cli {
+
+struct Address {
+  std::string host;  // an IPv6 host without its brackets
+  uint16_t port = 0;
+  std::string to_string() const;  // "host:port", "[v6]:port"
+};
+
+std::vector<uint64_t> default_sizes();  // 4 KiB .. 64 MiB in x4 steps
+
+struct BenchOptions {
+  std::optional<Address> listen;   // target mode: serve initiators here
+  std::optional<Address> connect;  // initiator mode: the target's address
+  bool once = false;               // target mode: serve one initiator, exit with its outcome
+  std::vector<std::string> ops = {"write", "read"};
+  std::vector<uint64_t> sizes = default_sizes();
+  int batch = 1;
+  int concurrency = 1;
+  std::string transport = "auto";  // auto (best present), tcp, verbs
+  std::optional<int> iters;        // unset: chosen per size
+  bool json = false;
+  std::string secret;
+  // Unset: the engine's default (ferry::Config).
+  std::optional<int> streams;
+  std::optional<int> qps;
+  std::optional<uint64_t> slice_bytes;
+  std::optional<uint64_t> stripe_bytes;
+  int threads = 1;
+  std::optional<int> busy_poll_us;
+  std::optional<int> wait_spin_us;
+  bool prepared = false;   // write, read, write_imm and pingpong post batches prepared once
+  bool same_area = false;  // write, read, write_imm: every op in flight uses the first area
+};
+
+// Registers the flags of `ferry bench`; each refuses a bad value (CLI::ValidationError naming
+// the flag) while the command line is parsed.
+void add_bench_options(CLI::App& bench, BenchOptions& o);
+// The checks between flags, after parsing: what the initiator's buffers need against this
+// host's memory. Throws CLI::ValidationError.
+void check_bench_options(const BenchOptions& o);
+
+// Bytes of the buffer each side registers (the initiator has two of them).
+uint64_t buffer_bytes(const BenchOptions& o);
+uint64_t physical_memory();
+// "4K", "64M", "1000003": binary units, as --sizes takes them.
+std::string human_size(uint64_t n);
+// "23.4 GiB"
+std::string human_memory(uint64_t n);
+
+}  // namespace ferry::cli
