@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: all deps deps-test deps-bench deps-guest build run install test test-release test-asan test-tsan test-fuzz \
+.PHONY: bench-python all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
-	@echo "all test suites passed (layers, release, packaging, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
-	@echo "suites: 9 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
+	@echo "suites: 10 passed, 0 failed"
 
 test-release: deps-test
 	cmake --preset release >/dev/null
@@ -93,6 +93,18 @@ bench-rdma: deps-guest
 # FetchContent, and every cpp block of the README.
 test-package: test-release
 	bash tests/package/run.sh build/release
+
+# The Python package as a user gets it: pip install . into a virtual environment (the build
+# directory build/python-* is kept between runs), then its pytest suite and every example.
+VENV ?= build/venv
+test-python: deps-test
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q ".[test]"
+	cd python/tests && ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+
+# What the Python package adds over the C++ API, side by side (docs/performance.md).
+bench-python: build test-python
+	$(VENV)/bin/python bench/python_overhead.py build/release/tools/ferry
 
 check-layers:
 	@bash scripts/check-layers.sh

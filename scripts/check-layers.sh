@@ -18,9 +18,10 @@ vocab='ferry/error\.hpp|ferry/types\.hpp|ferry/export\.hpp'
 check src/core      "core/|$vocab"
 check src/transport "core/|transport/|$vocab"
 check src/engine    "core/|transport/|engine/|ferry/"
-check tools         "ferry/|bench\.hpp"
+check tools         "ferry/|bench\.hpp|info\.hpp|options\.hpp"
 check include/ferry "ferry/"
 check examples      "ferry/|two_process\.hpp"
+check python/src    "ferry/|bindings\.hpp"
 # A transport's private headers never cross into another transport.
 for t in src/transport/*/; do
   name=$(basename "$t")

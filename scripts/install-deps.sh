@@ -3,6 +3,7 @@
 #   build   the library alone          tools   + the ferry command
 #   test    everything make test runs  bench   + the peers of bench/compare_*.sh
 #   guest   the Soft-RoCE qemu guest (tests/rdma)
+#   python  building the Python package (pip install .)
 # Usage: scripts/install-deps.sh [PURPOSE...]   (default: build)
 # Idempotent: only missing packages are fetched, so repeated `make` calls stay fast.
 set -euo pipefail
@@ -17,6 +18,7 @@ test=(libgtest-dev libgmock-dev
       clang libclang-rt-14-dev clang-tidy  # libFuzzer target, clang-tidy
       binutils)                                            # readelf/nm for the package test
 bench=(iperf3 ucx-utils)
+python=(python3 python3-dev python3-venv python3-pip)
 
 packages=()
 for purpose in "${@:-build}"; do
@@ -24,9 +26,10 @@ for purpose in "${@:-build}"; do
     build) packages+=("${build[@]}") ;;
     tools) packages+=("${build[@]}" "${tools[@]}") ;;
     guest) packages+=("${guest[@]}") ;;
-    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}") ;;
+    python) packages+=("${build[@]}" "${python[@]}") ;;
+    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}" "${python[@]}") ;;
     bench) packages+=("${build[@]}" "${tools[@]}" "${bench[@]}") ;;
-    *) echo "install-deps: unknown purpose '$purpose' (build, tools, test, bench, guest)" >&2
+    *) echo "install-deps: unknown purpose '$purpose' (build, tools, test, bench, guest, python)" >&2
        exit 2 ;;
   esac
 done

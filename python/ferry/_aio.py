@@ -7,6 +7,7 @@ thread that completes it; no Python code polls.
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any, Generator, cast
 
 from . import _ferry
@@ -41,41 +42,48 @@ class Notifications:
 
     While it is open, notifications go to it instead of ``Engine.next_imm()``; ``close()`` (or
     leaving ``async with``) switches them back. Notifications that arrived but were not consumed
-    by then are kept in ``unread``: none is dropped.
+    stay in ``unread`` (a delivery racing with close() lands there too): none is dropped.
     """
 
     def __init__(self, engine: _ferry.Engine) -> None:
         self._engine = engine
-        self._queue: asyncio.Queue[_ferry.ImmEvent] | None = None
-        self._closed = False
-        self.unread: list[_ferry.ImmEvent] = []
+        # Filled by a Ferry thread, drained by the loop: a delivery never depends on the loop
+        # still running, so closing it loses nothing.
+        self._inbox: collections.deque[_ferry.ImmEvent] = collections.deque()
+        self._wake: asyncio.Event | None = None
 
-    def _open(self) -> asyncio.Queue[_ferry.ImmEvent]:
-        if self._queue is None:
+    @property
+    def unread(self) -> list[_ferry.ImmEvent]:
+        return list(self._inbox)
+
+    def _open(self) -> asyncio.Event:
+        if self._wake is None:
             loop = asyncio.get_running_loop()
-            self._queue = asyncio.Queue()
-            self._closed = False
+            wake = asyncio.Event()
+            inbox = self._inbox
 
             def deliver(event: _ferry.ImmEvent) -> None:  # on a Ferry thread
+                inbox.append(event)
                 try:
-                    loop.call_soon_threadsafe(self._arrive, event)
-                except RuntimeError:  # the loop is closed: nobody iterates any more
-                    self.unread.append(event)
+                    loop.call_soon_threadsafe(wake.set)
+                except RuntimeError:  # the loop is closed: the event waits in `unread`
+                    pass
 
+            self._wake = wake
             self._engine.on_imm(deliver)
-        return self._queue
-
-    def _arrive(self, event: _ferry.ImmEvent) -> None:  # on the loop
-        if self._closed or self._queue is None:
-            self.unread.append(event)  # a delivery that raced with close()
-        else:
-            self._queue.put_nowait(event)
+        return self._wake
 
     def __aiter__(self) -> "Notifications":
         return self
 
     async def __anext__(self) -> _ferry.ImmEvent:
-        return await self._open().get()
+        wake = self._open()
+        while not self._inbox:
+            wake.clear()
+            if self._inbox:
+                break
+            await wake.wait()
+        return self._inbox.popleft()
 
     async def __aenter__(self) -> "Notifications":
         self._open()
@@ -85,11 +93,7 @@ class Notifications:
         await self.close()
 
     async def close(self) -> None:
-        """Switch notifications back to next_imm(); what was not consumed goes to ``unread``."""
-        if self._queue is None:
-            return
-        self._closed = True
-        self._engine.on_imm(None)
-        while not self._queue.empty():
-            self.unread.append(self._queue.get_nowait())
-        self._queue = None
+        """Switch notifications back to next_imm(); what was not consumed stays in ``unread``."""
+        if self._wake is not None:
+            self._engine.on_imm(None)
+            self._wake = None

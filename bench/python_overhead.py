@@ -1,0 +1,91 @@
+"""What Python adds over the C++ API, measured side by side in one run.
+
+    python bench/python_overhead.py [path/to/ferry]     (make bench-python)
+
+1. An 8-byte write, p50 of waited round trips: `ferry bench` (C++) against the same loop
+   through the Python package, both against a target in another process.
+2. A 10,000-entry page-table batch of 64-byte entries, p50: `ferry bench --batch 10000`
+   against `peer.write(..., local_offset=array, remote_offset=array, length=64)`.
+Prints `<what> ... ratio <x.xx>` lines and the absolute difference.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import ferry
+
+ENTRIES, ENTRY_BYTES = 10_000, 64
+SMALL_ITERS, BATCH_ITERS = 20_000, 200
+
+
+def target(conn) -> None:
+    with ferry.Engine() as engine:
+        buf = np.zeros(ENTRIES * ENTRY_BYTES * 2, dtype=np.uint8)
+        region = engine.register(buf, access=ferry.Access.REMOTE_READ_WRITE)
+        conn.send((engine.address, region.descriptor()))
+        peer = engine.accept(60)
+        while peer is not None and peer.connected:
+            time.sleep(0.01)
+
+
+def p50(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 2]
+
+
+def python_side() -> tuple[float, float]:
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=target, args=(theirs,))
+    child.start()
+    address, descriptor = ours.recv()
+    try:
+        with ferry.Engine(listen=False) as engine:
+            peer = engine.connect(address)
+            src = engine.register(np.ones(ENTRIES * ENTRY_BYTES, dtype=np.uint8))
+            small = []
+            for i in range(SMALL_ITERS + 100):
+                t0 = time.perf_counter()
+                peer.write(src, descriptor, length=8).wait(10)
+                if i >= 100:
+                    small.append(time.perf_counter() - t0)
+            offsets = np.arange(ENTRIES, dtype=np.int64) * ENTRY_BYTES
+            batch = []
+            for i in range(BATCH_ITERS + 3):
+                t0 = time.perf_counter()
+                peer.write(src, descriptor, local_offset=offsets, remote_offset=offsets,
+                           length=ENTRY_BYTES).wait(30)
+                if i >= 3:
+                    batch.append(time.perf_counter() - t0)
+    finally:
+        child.join(30)
+    return p50(small) * 1e6, p50(batch) * 1e6
+
+
+def cpp_side(ferry_cli: str, *args: str) -> float:
+    out = subprocess.run([ferry_cli, "bench", "--json", "--op", "write", *args],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["p50_us"]
+
+
+def main() -> None:
+    ferry_cli = sys.argv[1] if len(sys.argv) > 1 else "build/release/tools/ferry"
+    cpp_small = cpp_side(ferry_cli, "--sizes", "8", "--iters", str(SMALL_ITERS))
+    cpp_batch = cpp_side(ferry_cli, "--sizes", str(ENTRY_BYTES), "--batch", str(ENTRIES),
+                         "--iters", str(BATCH_ITERS))
+    py_small, py_batch = python_side()
+    print(f"8-byte write p50: C++ {cpp_small:.2f} us, Python {py_small:.2f} us, "
+          f"Python adds {py_small - cpp_small:.2f} us ... ratio {py_small / cpp_small:.2f} vs C++")
+    per_entry_ns = (py_batch - cpp_batch) * 1e3 / ENTRIES
+    print(f"{ENTRIES}-entry page-table batch p50: C++ {cpp_batch:.0f} us, Python {py_batch:.0f} us, "
+          f"Python adds {per_entry_ns:.1f} ns per entry ... ratio {py_batch / cpp_batch:.2f} vs C++")
+
+
+if __name__ == "__main__":
+    main()
