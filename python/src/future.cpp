@@ -4,7 +4,6 @@
 #include <nanobind/stl/string.h>
 
 #include <chrono>
-#include <cmath>
 
 #include "bindings.hpp"
 
@@ -17,12 +16,17 @@ using namespace std::chrono_literals;
 // A wait is cut into slices so that a signal (Ctrl-C) interrupts it between two.
 constexpr Duration kSignalCheckInterval = 100ms;
 
+// Longer timeouts wait as long as None does (and stay clear of time_point overflow).
+constexpr double kForeverSeconds = 1e9;
+
 Status wait_for(const PyFuture& f, std::optional<double> timeout) {
-  auto deadline = timeout ? Clock::now() + std::chrono::duration_cast<Duration>(
-                                               std::chrono::duration<double>(*timeout))
-                          : Clock::time_point::max();
-  if (timeout && !(*timeout >= 0 && std::isfinite(*timeout)))
+  if (timeout && !(*timeout >= 0)) {
     throw Error(ErrorCode::kInvalidArgument, "timeout must be >= 0 seconds");
+  }
+  auto deadline = timeout && *timeout < kForeverSeconds
+                      ? Clock::now() + std::chrono::duration_cast<Duration>(
+                                           std::chrono::duration<double>(*timeout))
+                      : Clock::time_point::max();
   for (;;) {
     Duration slice = std::min<Duration>(kSignalCheckInterval, deadline - Clock::now());
     Status s;

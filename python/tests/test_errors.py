@@ -80,6 +80,8 @@ def test_timeout_while_running(pair):
     with pytest.raises(ferry.Timeout):
         pending.wait(0.01)
     assert not pending.done()
+    with pytest.raises(ferry.InvalidArgument):
+        pending.wait(-1.0)
     with pytest.raises(ferry.InProgress):
         pending.exception()
     # Complete it: a region with a receive still posted cannot be deregistered (the engine
