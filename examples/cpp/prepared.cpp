@@ -3,7 +3,6 @@
 // once (prepare_write) and only posted per step. A completed write has landed at the target;
 // a message then tells it which step it holds, and its answer lets the next step overwrite it.
 #include <cstring>
-#include <sstream>
 #include <vector>
 
 #include "two_process.hpp"
@@ -49,12 +48,9 @@ void target(const std::string& listen, const std::function<void(const std::strin
 }
 
 void initiator(const std::string& offer) {
-  std::istringstream in(offer);
-  std::string address, blob;
-  in >> address >> blob;
+  auto [address, weights] = example::parse_offer(offer);
   ferry::Engine engine({.listen = false});
   ferry::Peer peer = engine.connect(address);
-  ferry::Descriptor weights = ferry::Descriptor::parse(blob);
 
   std::vector<uint8_t> staging(kBlocks * kBlockBytes);
   ferry::Region local =

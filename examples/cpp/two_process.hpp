@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -38,6 +39,18 @@ inline ferry::Config listen_config(const std::string& host_port) {
   config.listen_host = host_port.substr(0, colon);
   config.listen_port = static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1)));
   return config;
+}
+
+// An offer of "ADDRESS DESCRIPTOR", as the examples' targets publish it.
+struct Offer {
+  std::string address;
+  ferry::Descriptor remote;
+};
+inline Offer parse_offer(const std::string& offer) {
+  std::istringstream in(offer);
+  std::string address, blob;
+  in >> address >> blob;
+  return {address, ferry::Descriptor::parse(blob)};
 }
 
 // The initiator leaves by shutting its engine down; the target serves until then.

@@ -2,7 +2,6 @@
 // region, reads it back into another buffer, and both check the bytes.
 #include <algorithm>
 #include <numeric>
-#include <sstream>
 #include <vector>
 
 #include "two_process.hpp"
@@ -29,13 +28,9 @@ void target(const std::string& listen, const std::function<void(const std::strin
 }
 
 void initiator(const std::string& offer) {
-  std::istringstream in(offer);
-  std::string address, blob;
-  in >> address >> blob;
-
+  auto [address, remote] = example::parse_offer(offer);
   ferry::Engine engine({.listen = false});  // it only initiates: no port opened
   ferry::Peer peer = engine.connect(address);
-  ferry::Descriptor remote = ferry::Descriptor::parse(blob);
 
   std::vector<uint8_t> source(kBytes), back(kBytes, 0);
   for (std::size_t i = 0; i < kBytes; ++i) source[i] = pattern(i);

@@ -1,7 +1,6 @@
 // write_with_imm with a consumer loop: the initiator fills the target's slots one by one, each
 // write carrying the slot number as its immediate; the target consumes a slot once its
 // notification says every byte of it has landed.
-#include <sstream>
 #include <vector>
 
 #include "two_process.hpp"
@@ -38,12 +37,9 @@ void target(const std::string& listen, const std::function<void(const std::strin
 }
 
 void initiator(const std::string& offer) {
-  std::istringstream in(offer);
-  std::string address, blob;
-  in >> address >> blob;
+  auto [address, ring] = example::parse_offer(offer);
   ferry::Engine engine({.listen = false});
   ferry::Peer peer = engine.connect(address);
-  ferry::Descriptor ring = ferry::Descriptor::parse(blob);
 
   std::vector<uint8_t> source(kSlots * kSlotBytes);
   for (std::size_t s = 0; s < kSlots; ++s) {

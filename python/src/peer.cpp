@@ -63,6 +63,24 @@ uint64_t rest_of(const Region& r, uint64_t offset, nb::handle length) {
   return offset < r.size() ? r.size() - offset : 0;
 }
 
+// send() or, with `receive`, recv(): `length` is the message length or the receive capacity.
+template <bool receive>
+PyFuture* message(nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
+                  nb::handle length) {
+  const auto& region = nb::cast<const PyRegion&>(region_obj);
+  const Region& r = region.get();
+  if (receive && region.read_only)
+    throw Error(ErrorCode::kInvalidArgument, "recv: the region is read-only");
+  uint64_t len = rest_of(r, offset, length);
+  const Peer& peer = nb::cast<PyPeer&>(self).peer;
+  Future f;
+  {
+    nb::gil_scoped_release unlocked;
+    f = receive ? peer.recv(tag, r, offset, len) : peer.send(tag, r, offset, len);
+  }
+  return wrap(std::move(f), self, nb::make_tuple(region_obj));
+}
+
 }  // namespace
 
 void bind_peer(nb::module_& m) {
@@ -107,43 +125,11 @@ void bind_peer(nb::module_& m) {
   one_sided_args(peer, "prepare_write_with_imm", &prepare_one_sided<OneSided::kWriteImm>,
                  prep_doc.c_str(), true);
 
-  peer.def(
-          "send",
-          [](nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
-             nb::handle length) {
-            const auto& region = nb::cast<const PyRegion&>(region_obj);
-            const Region& r = region.get();
-            uint64_t len = rest_of(r, offset, length);
-            Future f;
-            {
-              nb::gil_scoped_release unlocked;
-              f = nb::cast<PyPeer&>(self).peer.send(tag, r, offset, len);
-            }
-            return wrap(std::move(f), self, nb::make_tuple(region_obj));
-          },
-          "tag"_a, "region"_a, "offset"_a = 0, "length"_a = nb::none(),
-          nb::rv_policy::take_ownership,
-          "Send `length` bytes (default: the rest of the region) as a message with `tag`. "
-          "Completes once the peer took or buffered it.")
-      .def(
-          "recv",
-          [](nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
-             nb::handle capacity) {
-            const auto& region = nb::cast<const PyRegion&>(region_obj);
-            const Region& r = region.get();
-            if (region.read_only)
-              throw Error(ErrorCode::kInvalidArgument, "recv: the region is read-only");
-            uint64_t cap = rest_of(r, offset, capacity);
-            Future f;
-            {
-              nb::gil_scoped_release unlocked;
-              f = nb::cast<PyPeer&>(self).peer.recv(tag, r, offset, cap);
-            }
-            return wrap(std::move(f), self, nb::make_tuple(region_obj));
-          },
-          "tag"_a, "region"_a, "offset"_a = 0, "capacity"_a = nb::none(),
-          nb::rv_policy::take_ownership,
-          "Receive the next message with `tag` into the region; Future.bytes is its length.")
+  peer.def("send", &message<false>, "tag"_a, "region"_a, "offset"_a = 0, "length"_a = nb::none(),
+           "Send `length` bytes (default: the rest of the region) as a message with `tag`. "
+           "Completes once the peer took or buffered it.")
+      .def("recv", &message<true>, "tag"_a, "region"_a, "offset"_a = 0, "capacity"_a = nb::none(),
+           "Receive the next message with `tag` into the region; Future.bytes is its length.")
       .def_prop_ro("engine_id", [](const PyPeer& p) { return p.peer.engine_id(); })
       .def_prop_ro("incarnation", [](const PyPeer& p) { return p.peer.incarnation(); })
       .def_prop_ro("address", [](const PyPeer& p) { return p.peer.address(); })
