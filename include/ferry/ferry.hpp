@@ -96,6 +96,18 @@ struct Config {
   Duration connect_timeout = std::chrono::seconds(10);
   // Bytes of unmatched incoming send() messages buffered per peer before refusing more.
   std::size_t max_unexpected_bytes = 64 << 20;
+
+  // Limits on what connecting peers can make this engine hold (docs/architecture.md, "Limits",
+  // has the worst case per peer and per engine). A connection over a limit is refused with
+  // kResourceExhausted; the peers already admitted see no difference.
+  // Connected peers, both those that connected to us and those we connected to.
+  std::size_t max_peers = 1024;
+  // Connections still handshaking (a peer's control connection before it is admitted, each
+  // of its data streams before it joins). When full, the oldest handshake of the source address
+  // with the most pending is dropped for a new one, so one flooding host cannot lock others out.
+  std::size_t max_handshakes = 256;
+  // Handshakes pending from one source address; more are refused at once.
+  int max_handshakes_per_source = 32;
   // Over verbs, a large message may be written by the sender straight into a posted receive
   // whose region grants remote write (no copy). Off by default: the sending peer then learns
   // that region's key and could write anywhere in it until it is deregistered, as a peer given
@@ -269,6 +281,14 @@ struct ImmEvent {
   uint32_t imm = 0;
 };
 
+// What an engine holds now and what it refused (Engine::stats()).
+struct EngineStats {
+  std::size_t peers = 0;               // connected, plus admitted ones whose streams are joining
+  std::size_t pending_handshakes = 0;  // connections not yet admitted or joined
+  uint64_t refused_connections = 0;    // handshakes refused, evicted, timed out or failed
+  uint64_t accept_failures = 0;        // accept() out of descriptors or memory (then backs off)
+};
+
 struct TransportInfo {
   TransportKind kind{};
   bool usable = false;
@@ -308,6 +328,8 @@ class FERRY_API Engine {
 
   // Cancels in-flight operations, closes peers, joins threads. Idempotent.
   void shutdown();
+
+  EngineStats stats() const;
 
   // Transports compiled in and whether they are usable on this host.
   static std::vector<TransportInfo> transports();

@@ -164,7 +164,8 @@ void bind_engine(nb::module_& m) {
              uint64_t engine_id, int progress_threads, const std::string& rdma_device,
              int rdma_gid_index, int verbs_qps, int tcp_streams, std::size_t slice_bytes,
              std::size_t stripe_threshold, double busy_poll, double wait_spin, double peer_timeout,
-             double connect_timeout, std::size_t max_unexpected_bytes, bool zero_copy_receives) {
+             double connect_timeout, std::size_t max_unexpected_bytes, bool zero_copy_receives,
+             std::size_t max_peers, std::size_t max_handshakes, int max_handshakes_per_source) {
             Config c;
             c.listen = listen;
             c.listen_host = listen_host;
@@ -188,6 +189,9 @@ void bind_engine(nb::module_& m) {
             c.connect_timeout = seconds(connect_timeout, "connect_timeout");
             c.max_unexpected_bytes = max_unexpected_bytes;
             c.zero_copy_receives = zero_copy_receives;
+            c.max_peers = max_peers;
+            c.max_handshakes = max_handshakes;
+            c.max_handshakes_per_source = max_handshakes_per_source;
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -207,7 +211,9 @@ void bind_engine(nb::module_& m) {
           "peer_timeout"_a = std::chrono::duration<double>(defaults.peer_timeout).count(),
           "connect_timeout"_a = std::chrono::duration<double>(defaults.connect_timeout).count(),
           "max_unexpected_bytes"_a = defaults.max_unexpected_bytes,
-          "zero_copy_receives"_a = defaults.zero_copy_receives,
+          "zero_copy_receives"_a = defaults.zero_copy_receives, "max_peers"_a = defaults.max_peers,
+          "max_handshakes"_a = defaults.max_handshakes,
+          "max_handshakes_per_source"_a = defaults.max_handshakes_per_source,
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
           "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
       .def_prop_ro(
@@ -217,6 +223,19 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("port", [](const PyEngine& e) { return e.get().port(); })
       .def_prop_ro("id", [](const PyEngine& e) { return e.get().id(); })
       .def_prop_ro("incarnation", [](const PyEngine& e) { return e.get().incarnation(); })
+      .def_prop_ro(
+          "stats",
+          [](const PyEngine& e) {
+            EngineStats s = e.get().stats();
+            nb::dict d;
+            d["peers"] = s.peers;
+            d["pending_handshakes"] = s.pending_handshakes;
+            d["refused_connections"] = s.refused_connections;
+            d["accept_failures"] = s.accept_failures;
+            return d;
+          },
+          "What the engine holds and refused: peers, pending_handshakes, refused_connections, "
+          "accept_failures.")
       .def(
           "register",
           [](nb::handle self, nb::handle obj, Access access) {

@@ -137,6 +137,20 @@ def test_connect_failed_and_auth_failed():
             e.shutdown()
 
 
+def test_max_peers_refuses_with_resource_exhausted():
+    server = ferry.Engine(**config(max_peers=1))
+    first = ferry.Engine(**config(listen=False))
+    second = ferry.Engine(**config(listen=False))
+    try:
+        first.connect(server.address)
+        with pytest.raises(ferry.ResourceExhausted):
+            second.connect(server.address)
+        assert server.stats["refused_connections"] >= 1
+    finally:
+        for e in (server, first, second):
+            e.shutdown()
+
+
 def test_bad_configuration():
     with pytest.raises(ferry.InvalidArgument):
         ferry.Engine(progress_threads=0)

@@ -165,3 +165,4 @@ def test_peer_and_engine_properties(pair):
     assert ferry.__version__.count(".") == 2
     names = [t["name"] for t in ferry.transports()]
     assert "tcp" in names and "verbs" in names
+    assert pair.target.stats["peers"] == 1 and pair.target.stats["pending_handshakes"] == 0

@@ -197,10 +197,10 @@ void tune_socket(int fd, std::chrono::nanoseconds timeout) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
 }
 
-std::string peer_name(int fd) {
+HostPort peer_host_port(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return {"?", 0};
   char host[INET6_ADDRSTRLEN] = {};
   uint16_t port = 0;
   if (ss.ss_family == AF_INET6) {
@@ -212,7 +212,7 @@ std::string peer_name(int fd) {
     inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
     port = ntohs(a->sin_port);
   }
-  return HostPort{host, port}.to_string();
+  return HostPort{host, port};
 }
 
 Status write_all(int fd, std::span<const uint8_t> data, Deadline deadline) {

@@ -59,7 +59,8 @@ Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out);
 Status set_nonblocking(int fd, bool on);
 // TCP_NODELAY, keepalive probes and TCP_USER_TIMEOUT so a silent peer is noticed in `timeout`.
 void tune_socket(int fd, std::chrono::nanoseconds timeout);
-std::string peer_name(int fd);
+// The remote end of a connected socket ("?" when it has none).
+HostPort peer_host_port(int fd);
 
 // Blocking transfers that give up at `deadline` (kTimeout) or on EOF (kPeerLost).
 Status write_all(int fd, std::span<const uint8_t> data, Deadline deadline);

@@ -19,6 +19,8 @@
 #include "core/net.hpp"
 #include "core/reactor.hpp"
 #include "engine/handshake.hpp"
+#include "engine/listener.hpp"
+#include "engine/peer_impl.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
 #include "transport/tcp/tcp_channel.hpp"
@@ -31,23 +33,6 @@ namespace ferry::detail {
 class EngineImpl;
 class PeerImpl;
 
-// What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
-struct PreparedImpl {
-  struct Local {
-    uint32_t region_id;
-    uint64_t key;
-    uint64_t begin, end;  // the span of the region the batch touches
-  };
-  std::shared_ptr<PeerImpl> peer;
-  transport::OpKind kind = transport::OpKind::kWrite;
-  bool with_imm = false;
-  uint32_t imm = 0;
-  std::vector<transport::OpEntry> entries;
-  std::vector<Local> locals;
-  uint64_t slices = 0;
-  uint64_t total = 0;
-};
-
 // What a Region handle owns.
 struct RegionRecord {
   std::shared_ptr<EngineImpl> engine;
@@ -58,85 +43,6 @@ struct RegionRecord {
   Access access = Access::kLocal;
   Descriptor descriptor;
   std::atomic<bool> registered{true};
-};
-
-class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
- public:
-  PeerImpl(std::shared_ptr<EngineImpl> engine, const engine::Hello& remote, std::string address,
-           TransportKind transport, core::Fd control);
-
-  Future one_sided(transport::OpKind kind, std::span<const Transfer> batch, bool with_imm,
-                   uint32_t imm);
-  // Checks a batch as one_sided() does (throws Error with its refusal) for posting many times.
-  std::shared_ptr<const PreparedImpl> prepare(transport::OpKind kind,
-                                              std::span<const Transfer> batch, bool with_imm,
-                                              uint32_t imm);
-  Future post_prepared(const PreparedImpl& p);
-  Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
-  Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
-  void close(const Status& reason);
-  // A channel finished closing; when the last one did, every op still posted fails.
-  void channel_closed(const Status& reason);
-  // The channel one-sided operations use: verbs when chosen, else TCP.
-  transport::Channel& data_channel() const;
-
-  // Control connection (liveness); called by the engine's housekeeping.
-  void start_control();
-  void housekeeping(Clock::time_point now);
-
-  const uint64_t engine_id;
-  const uint64_t incarnation;
-  const std::string address;
-  const TransportKind transport;
-  std::shared_ptr<EngineImpl> engine;
-  std::shared_ptr<transport::PeerLink> link;
-  std::shared_ptr<transport::tcp::TcpChannel> channel;    // control-adjacent streams, send/recv
-  std::shared_ptr<transport::verbs::VerbsChannel> verbs;  // one-sided ops, when chosen
-  std::atomic<bool> lost{false};
-  std::atomic<int> open_channels{0};
-
- private:
-  friend class EngineImpl;
-  struct Control;
-  transport::OpState* start_op(transport::OpKind kind);
-  // Completes an op that was never posted (validation failed, or nothing to do).
-  Future finish_now(transport::OpState* op, const Status& status);
-  // Validates a local range and leases its region to the op until completion.
-  Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                    uint8_t** addr, uint32_t* region_id = nullptr);
-  // take_local without the reason: the data path's check. local_refusal() gives the reason.
-  bool lease_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                   uint8_t** addr, uint32_t* region_id);
-  [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length) const;
-  // Why the local region `id` refuses [offset, offset + length).
-  [[gnu::cold]] Status region_refusal(uint32_t id, uint64_t key, uint64_t offset,
-                                      uint64_t length) const;
-  // Why a one-sided batch entry cannot go; its message is built only then (refuse()).
-  enum class Refusal : uint8_t {
-    kNone,
-    kNoRemote,
-    kWrongPeer,
-    kStale,
-    kNotGranted,
-    kOutOfBounds,
-    kNoKey,
-    kLocal
-  };
-  // Checks one entry and, if it may go, leases its local region and adds it to the op.
-  Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, TransportKind via);
-  [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
-                              Refusal why);
-  Future post(transport::OpState* op);
-  transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
-  // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
-  // op completed with it.
-  std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
-                                    uint64_t& slices, uint64_t& total);
-  // Plans the lanes of an admitted op and posts it.
-  Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
-
-  std::shared_ptr<Control> control_;
-  std::atomic<unsigned> next_lane_{0};
 };
 
 class EngineImpl final : public transport::Host, public std::enable_shared_from_this<EngineImpl> {
@@ -162,12 +68,32 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void peer_closed(PeerImpl* peer);
   std::shared_ptr<transport::tcp::TcpChannel> make_channel(const std::shared_ptr<PeerImpl>& peer,
                                                            int streams);
-  // Creates the peer's verbs channel and connects it, exchanging addresses on `control`
-  // (the client sends first).
-  Status connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control, bool client,
-                       core::Deadline deadline);
+  // Creates the peer's verbs channel and connects it, exchanging addresses on `control`: the
+  // client's side (the Listener serves the other).
+  Status connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control, core::Deadline deadline);
   // Transports this engine can use now, in preference order.
   std::vector<TransportKind> usable_transports() const;
+  EngineStats stats() const;
+
+  // Handshake steps, driven by the Listener.
+  // Whether a peer claiming `hello`'s identity may join: the max_peers cap, and no other live
+  // peer that connected to us holds its engine id (a newer incarnation that `proven` it knows
+  // the secret replaces the older one).
+  Status check_admission(const engine::Hello& hello, bool proven);
+  // Admits the client and creates its peer and TCP channel; `control` moves into the peer.
+  Status create_peer(const engine::Hello& hello, const std::string& address,
+                     TransportKind transport, core::Fd& control, std::shared_ptr<PeerImpl>& out);
+  Status create_verbs_channel(const std::shared_ptr<PeerImpl>& peer);
+  std::vector<uint8_t> verbs_address_frame(const PeerImpl& peer) const;
+  // The peer waits for its data streams until `deadline`.
+  void add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
+                   Clock::time_point deadline);
+  std::shared_ptr<PeerImpl> find_joining(const engine::Token& token);
+  // A stream joined; the peer is ready (accept() returns it) once all of them did.
+  void attach_stream(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
+                     core::Fd stream);
+  // Liveness: declares silent peers lost, pings idle ones, drops peers whose streams are late.
+  void housekeeping();
 
   const Config config;
   const uint64_t id;
@@ -176,23 +102,18 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 
  private:
-  void acceptor_loop();
-  void serve_new_connection(core::Fd fd);
-  Status serve_hello(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline);
-  Status serve_join(core::Fd& fd, std::span<const uint8_t> body, core::Deadline deadline);
-  void housekeeping();
+  // Peers and peers still joining (mu_ held).
+  std::size_t peer_count_locked() const { return peers_.size() + joining_.size(); }
 
   transport::RegionTable regions_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;  // registration keys
   transport::verbs::VerbsDevice* verbs_ = nullptr;                 // owned by transports_
   std::string verbs_unusable_;                                     // why verbs_ is null
   std::unique_ptr<core::Reactor> reactor_;
-  core::Fd listener_;
-  core::Fd stop_event_;  // eventfd that wakes the acceptor
-  std::thread acceptor_;
+  std::unique_ptr<Listener> listener_;
   std::atomic<bool> stopping_{false};
 
-  std::mutex mu_;  // peers, joining, accept queue
+  mutable std::mutex mu_;  // peers, joining, accept queue
   std::condition_variable accept_cv_;
   std::vector<std::shared_ptr<PeerImpl>> peers_;
   struct Joining {

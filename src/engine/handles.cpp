@@ -117,6 +117,7 @@ std::optional<Peer> Engine::accept(Duration timeout) { return impl_->accept(time
 std::optional<ImmEvent> Engine::next_imm(Duration timeout) { return impl_->next_imm(timeout); }
 void Engine::on_imm(std::function<void(const ImmEvent&)> fn) { impl_->on_imm(std::move(fn)); }
 void Engine::shutdown() { impl_->shutdown(); }
+EngineStats Engine::stats() const { return impl_->stats(); }
 
 std::string_view Engine::version() { return FERRY_VERSION; }
 

@@ -15,16 +15,6 @@ namespace {
 constexpr std::size_t kMaxOfferedTransports = 8;
 constexpr std::size_t kMaxErrorMessage = 1024;
 
-std::vector<uint8_t> frame(FrameType type, const std::vector<uint8_t>& body) {
-  std::vector<uint8_t> out(core::kFrameHeaderSize);
-  core::FrameHeader h;
-  h.type = type;
-  h.length = static_cast<uint32_t>(body.size());
-  core::encode_header(h, out.data());
-  out.insert(out.end(), body.begin(), body.end());
-  return out;
-}
-
 bool valid_transport(uint8_t t) { return t >= 1 && t <= 4; }
 
 Status finish(const ByteReader& r, const char* what) {
@@ -42,6 +32,16 @@ Status check_version(uint16_t version, const char* what) {
   return {};
 }
 }  // namespace
+
+std::vector<uint8_t> frame(FrameType type, std::span<const uint8_t> body) {
+  std::vector<uint8_t> out(core::kFrameHeaderSize);
+  core::FrameHeader h;
+  h.type = type;
+  h.length = static_cast<uint32_t>(body.size());
+  core::encode_header(h, out.data());
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
 
 std::vector<uint8_t> encode(const Hello& m) {
   std::vector<uint8_t> b;
@@ -198,15 +198,17 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
 }
 
 core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
-                   const Nonce& server_nonce, uint64_t client_id, uint64_t server_id) {
+                   const Nonce& server_nonce, const Identity& client, const Identity& server_id) {
   std::vector<uint8_t> msg;
   ByteWriter w(msg);
-  std::string_view role = server ? "ferry-server-v1" : "ferry-client-v1";
+  std::string_view role = server ? "ferry-server-v2" : "ferry-client-v2";
   w.bytes({reinterpret_cast<const uint8_t*>(role.data()), role.size()});
   w.bytes(client_nonce);
   w.bytes(server_nonce);
-  w.u64(client_id);
-  w.u64(server_id);
+  w.u64(client.engine_id);
+  w.u64(client.incarnation);
+  w.u64(server_id.engine_id);
+  w.u64(server_id.incarnation);
   return core::hmac_sha256(secret, msg);
 }
 

@@ -18,8 +18,8 @@ namespace ferry::engine {
 
 constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 2: an announced verbs message the receiver took is not ACKed (its FIN's delivery completes
-// the send).
-constexpr uint16_t kProtocolVersion = 2;
+// the send). 3: the authentication MACs cover both incarnations.
+constexpr uint16_t kProtocolVersion = 3;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;
@@ -62,6 +62,7 @@ struct ErrorMsg {
 };
 
 // A whole control frame: header + body.
+std::vector<uint8_t> frame(core::FrameType type, std::span<const uint8_t> body);
 std::vector<uint8_t> encode(const Hello& m);
 std::vector<uint8_t> encode(const HelloAck& m);
 std::vector<uint8_t> encode(const Auth& m);
@@ -77,9 +78,16 @@ Status decode(std::span<const uint8_t> body, Auth& out);
 Status decode(std::span<const uint8_t> body, Join& out);
 Status decode(std::span<const uint8_t> body, ErrorMsg& out);
 
-// What each side signs: its role, both nonces and both identities, so a MAC cannot be
-// replayed in another session or reflected back at its sender.
+// Who an engine claims to be; the MACs bind both claims to the secret.
+struct Identity {
+  uint64_t engine_id = 0;
+  uint64_t incarnation = 0;
+};
+
+// What each side signs: its role, both nonces and both identities (engine id and incarnation),
+// so a MAC cannot be replayed in another session, reflected back at its sender, or used by one
+// incarnation of an engine to pass for another.
 core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
-                   const Nonce& server_nonce, uint64_t client_id, uint64_t server_id);
+                   const Nonce& server_nonce, const Identity& client, const Identity& server_id);
 
 }  // namespace ferry::engine

@@ -9,6 +9,7 @@
 #include "core/net.hpp"
 #include "engine/handshake.hpp"
 #include "support/pair.hpp"
+#include "support/raw_client.hpp"
 
 namespace ferry::test {
 namespace {
@@ -41,47 +42,6 @@ TEST(Auth, SharedSecretAdmitsAndRefuses) {
   // Only the authenticated peer was admitted.
   EXPECT_TRUE(server.accept(kWait).has_value());
   EXPECT_FALSE(server.accept(std::chrono::milliseconds(200)).has_value());
-}
-
-// A raw TCP connection to an engine, speaking the wire protocol by hand.
-struct Raw {
-  explicit Raw(const Engine& e) {
-    core::HostPort hp{"127.0.0.1", e.port()};
-    Status s = core::connect_tcp(hp, deadline(), fd);
-    if (!s.ok()) throw Error(s);
-  }
-  static core::Deadline deadline() { return Clock::now() + std::chrono::seconds(10); }
-  void send(const std::vector<uint8_t>& bytes) {
-    ASSERT_TRUE(core::write_all(fd.get(), bytes, deadline()).ok());
-  }
-  // Reads one frame; returns its header and body.
-  Status read(core::FrameHeader& h, std::vector<uint8_t>& body) {
-    uint8_t raw[core::kFrameHeaderSize];
-    if (Status s = core::read_all(fd.get(), raw, deadline()); !s.ok()) return s;
-    if (Status s = core::decode_header(raw, h); !s.ok()) return s;
-    body.resize(h.length);
-    return core::read_all(fd.get(), body, deadline());
-  }
-  // The engine answered with an Error frame of `code`, then closed.
-  void expect_refusal(ErrorCode code) {
-    core::FrameHeader h;
-    std::vector<uint8_t> body;
-    ASSERT_TRUE(read(h, body).ok());
-    ASSERT_EQ(h.type, core::FrameType::kError);
-    engine::ErrorMsg e;
-    ASSERT_TRUE(engine::decode(body, e).ok());
-    EXPECT_EQ(e.code, code) << e.message;
-    EXPECT_EQ(read(h, body).code(), ErrorCode::kPeerLost) << "connection closed afterwards";
-  }
-  core::Fd fd;
-};
-
-engine::Hello hello_from(uint64_t id) {
-  engine::Hello h;
-  h.engine_id = id;
-  h.incarnation = 1;
-  h.transports = {TransportKind::kTcp};
-  return h;
 }
 
 void expect_engine_still_serves(Engine& server) {

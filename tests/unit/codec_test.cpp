@@ -174,12 +174,16 @@ TEST(Handshake, MacsBindRoleNoncesAndIdentities) {
   engine::Nonce c{}, s{};
   c[0] = 1;
   s[0] = 2;
-  auto server = engine::auth_mac("k", true, c, s, 10, 20);
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", false, c, s, 10, 20)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("other", true, c, s, 10, 20)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, s, c, 10, 20)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, 11, 20)));
-  EXPECT_TRUE(core::mac_equal(server, engine::auth_mac("k", true, c, s, 10, 20)));
+  const engine::Identity client{10, 100}, server_id{20, 200};
+  auto server = engine::auth_mac("k", true, c, s, client, server_id);
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", false, c, s, client, server_id)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("other", true, c, s, client, server_id)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, s, c, client, server_id)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, {11, 100}, server_id)));
+  // Another incarnation of either engine cannot pass for this one.
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, {10, 101}, server_id)));
+  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, client, {20, 201})));
+  EXPECT_TRUE(core::mac_equal(server, engine::auth_mac("k", true, c, s, client, server_id)));
 }
 
 Descriptor sample_descriptor() {

@@ -1,0 +1,470 @@
+#include "engine/listener.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "core/crypto.hpp"
+#include "core/sys.hpp"
+#include "engine/engine_impl.hpp"
+
+namespace ferry::detail {
+
+using core::FrameHeader;
+using core::FrameType;
+
+namespace {
+// How often the liveness timer checks peers and pings idle ones.
+constexpr Duration kHousekeepingPeriod = std::chrono::milliseconds(100);
+// Connections taken from the accept queue per wake-up, so a connection flood cannot keep the
+// thread from the handshakes already under way and the timer.
+constexpr int kAcceptBurst = 32;
+// After accept() fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
+// listening socket is left alone for this long, doubling up to the maximum while it keeps
+// failing; the pending connection would otherwise wake the thread again at once.
+constexpr Duration kAcceptBackoffMin = std::chrono::milliseconds(10);
+constexpr Duration kAcceptBackoffMax = std::chrono::seconds(1);
+// Bytes read per recv(): a control frame body is at most core::kMaxControlPayload.
+constexpr std::size_t kReadChunk = 1024;
+constexpr uint64_t kWakeId = 0;
+constexpr uint64_t kSocketId = 1;
+
+bool out_of_descriptors_or_memory(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+int milliseconds_until(Clock::time_point when, Clock::time_point now) {
+  if (when <= now) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
+  return static_cast<int>(std::min<int64_t>(ms, 60'000));
+}
+}  // namespace
+
+struct Listener::Handshake {
+  enum class Stage : uint8_t {
+    kFirst,         // expects HELLO (a control connection) or JOIN (a data stream)
+    kAuth,          // HELLO_ACK with the server's MAC sent; expects AUTH
+    kVerbsAddress,  // peer created with a verbs channel; expects the client's queue pairs
+    kHandOver,      // the last reply is queued; once it is out the connection leaves
+  };
+  uint64_t id = 0;
+  core::Fd fd;    // until it moves into the peer (control) or the channel (stream)
+  int sock = -1;  // stays valid while `fd` or `peer` holds the descriptor
+  std::string source;
+  std::string address;
+  Clock::time_point deadline;
+  Stage stage = Stage::kFirst;
+  bool watching_out = false;
+  std::vector<uint8_t> in;  // the frame being read; grows only with bytes that arrived
+  std::vector<uint8_t> out;
+  std::size_t out_done = 0;
+  engine::Hello hello;
+  engine::HelloAck ack;
+  engine::Join join;
+  bool is_stream = false;
+  std::shared_ptr<PeerImpl> peer;
+};
+
+Listener::Listener(EngineImpl& engine, core::Fd socket)
+    : engine_(engine), socket_(std::move(socket)) {
+  epoll_ = core::Fd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) throw Error(core::sys_status("epoll_create1"));
+  wake_ = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_.valid()) throw Error(core::sys_status("eventfd"));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeId;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
+    throw Error(core::sys_status("epoll_ctl ADD eventfd"));
+  }
+  if (socket_.valid()) {
+    core::throw_if_error(core::set_nonblocking(socket_.get(), true));
+    ev.data.u64 = kSocketId;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, socket_.get(), &ev) != 0) {
+      throw Error(core::sys_status("epoll_ctl ADD listening socket"));
+    }
+  }
+}
+
+Listener::~Listener() { stop(); }
+
+void Listener::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Listener::stop() {
+  if (stopping_.exchange(true)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Listener::run() {
+  Clock::time_point next_tick = Clock::now() + kHousekeepingPeriod;
+  epoll_event events[64];
+  while (!stopping_.load()) {
+    Clock::time_point now = Clock::now();
+    Clock::time_point wake_at = next_tick;
+    for (const auto& [id, h] : handshakes_) wake_at = std::min(wake_at, h->deadline);
+    bool backing_off = accept_backoff_ != Duration::zero();
+    if (backing_off) wake_at = std::min(wake_at, accept_resumes_);
+    int n = ::epoll_wait(epoll_.get(), events, 64, milliseconds_until(wake_at, now));
+    if (stopping_.load()) break;
+    now = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      uint64_t id = events[i].data.u64;
+      if (id == kSocketId) {
+        accept_burst(now);
+      } else if (id != kWakeId) {
+        // Looked up per event: an earlier event of this round may have ended the handshake.
+        auto it = handshakes_.find(id);
+        if (it != handshakes_.end()) on_ready(*it->second, events[i].events);
+      }
+    }
+    if (backing_off && now >= accept_resumes_) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kSocketId;
+      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, socket_.get(), &ev);
+      accept_resumes_ = {};
+      accept_burst(now);
+    }
+    expire(now);
+    if (now >= next_tick) {
+      engine_.housekeeping();
+      next_tick = now + kHousekeepingPeriod;
+    }
+  }
+  std::vector<uint64_t> ids;
+  for (const auto& [id, h] : handshakes_) ids.push_back(id);
+  for (uint64_t id : ids) fail(*handshakes_.at(id), {ErrorCode::kCancelled, "engine shut down"});
+}
+
+void Listener::accept_burst(Clock::time_point now) {
+  if (accept_resumes_ != Clock::time_point{}) return;  // backing off
+  for (int i = 0; i < kAcceptBurst; ++i) {
+    int fd = ::accept4(socket_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      accept_backoff_ = Duration::zero();
+      admit(core::Fd(fd), now);
+      continue;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (!out_of_descriptors_or_memory(errno)) continue;  // ECONNABORTED, EINTR, EPROTO...
+    accept_failures_.fetch_add(1, std::memory_order_relaxed);
+    accept_backoff_ = std::clamp(accept_backoff_ * 2, kAcceptBackoffMin, kAcceptBackoffMax);
+    accept_resumes_ = now + accept_backoff_;
+    epoll_event ev{};
+    ev.data.u64 = kSocketId;
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, socket_.get(), &ev);  // no events meanwhile
+    return;
+  }
+}
+
+void Listener::admit(core::Fd fd, Clock::time_point now) {
+  const Config& config = engine_.config;
+  core::HostPort remote = core::peer_host_port(fd.get());
+  auto h = std::make_unique<Handshake>();
+  h->sock = fd.get();
+  h->fd = std::move(fd);
+  h->source = remote.host;
+  h->address = remote.to_string();
+  h->deadline = now + config.connect_timeout;
+  core::tune_socket(h->sock, config.peer_timeout);
+  if (per_source_[h->source] >= config.max_handshakes_per_source) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    // What the client already sent is read first: closing on unread bytes would reset the
+    // connection and could discard the refusal before the client reads it.
+    uint8_t scratch[512];
+    (void)::recv(h->sock, scratch, sizeof scratch, MSG_DONTWAIT);
+    auto frame = engine::encode(engine::ErrorMsg{
+        ErrorCode::kResourceExhausted, "too many handshakes pending from " + h->source +
+                                           " (max_handshakes_per_source " +
+                                           std::to_string(config.max_handshakes_per_source) + ")"});
+    (void)::send(h->sock, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (per_source_[h->source] == 0) per_source_.erase(h->source);
+    return;
+  }
+  if (handshakes_.size() >= config.max_handshakes) evict_one();
+  h->id = next_id_++;
+  ++per_source_[h->source];
+  Handshake& ref = *h;
+  handshakes_.emplace(h->id, std::move(h));
+  pending_.store(handshakes_.size(), std::memory_order_relaxed);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = ref.id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ref.sock, &ev) != 0) {
+    fail(ref, core::sys_status("epoll_ctl ADD handshake"));
+  }
+}
+
+void Listener::evict_one() {
+  std::string heaviest;
+  int most = 0;
+  for (const auto& [source, count] : per_source_) {
+    if (count > most) {
+      most = count;
+      heaviest = source;
+    }
+  }
+  Handshake* oldest = nullptr;
+  for (const auto& [id, h] : handshakes_) {
+    // Ids grow in accept order; times can tie within one burst.
+    if (h->source == heaviest && (oldest == nullptr || h->id < oldest->id)) {
+      oldest = h.get();
+    }
+  }
+  if (oldest != nullptr) {
+    fail(*oldest, {ErrorCode::kResourceExhausted,
+                   "handshake evicted: " + std::to_string(engine_.config.max_handshakes) +
+                       " handshakes pending (max_handshakes), most of them from " + heaviest});
+  }
+}
+
+void Listener::on_ready(Handshake& h, uint32_t events) {
+  Status s;
+  if (events & EPOLLOUT) s = flush(h);
+  if (s.ok() && h.stage == Handshake::Stage::kHandOver) {
+    if (h.out_done == h.out.size()) hand_over(h);
+    return;
+  }
+  if (s.ok() && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+    // One frame per wake-up: its reply goes out before the next is read.
+    bool progressed = true;
+    while (s.ok() && progressed && h.stage != Handshake::Stage::kHandOver) {
+      s = read_frame(h, progressed);
+    }
+    if (s.ok() && h.stage == Handshake::Stage::kHandOver && h.out_done == h.out.size()) {
+      hand_over(h);
+      return;
+    }
+  }
+  if (!s.ok()) fail(h, s);
+}
+
+Status Listener::read_frame(Handshake& h, bool& progressed) {
+  progressed = false;
+  std::size_t want = core::kFrameHeaderSize;
+  FrameHeader header;
+  if (h.in.size() >= core::kFrameHeaderSize) {
+    if (Status s = core::decode_header(h.in.data(), header); !s.ok()) return s;
+    want += header.length;
+  }
+  if (h.in.size() < want) {
+    uint8_t chunk[kReadChunk];
+    std::size_t ask = std::min(want - h.in.size(), sizeof chunk);
+    ssize_t n = ::recv(h.sock, chunk, ask, MSG_DONTWAIT);
+    if (n == 0) return {ErrorCode::kPeerLost, "connection closed during the handshake"};
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
+      return core::sys_status("recv during the handshake", errno, ErrorCode::kPeerLost);
+    }
+    h.in.insert(h.in.end(), chunk, chunk + n);
+    progressed = true;
+    if (h.in.size() == core::kFrameHeaderSize) {
+      if (Status s = core::decode_header(h.in.data(), header); !s.ok()) return s;
+      if (!core::is_control(header.type)) {
+        return {ErrorCode::kProtocol, "expected a control frame, got type " +
+                                          std::to_string(static_cast<int>(header.type))};
+      }
+      want += header.length;
+    }
+    if (h.in.size() < want) return {};
+  }
+  std::vector<uint8_t> frame = std::move(h.in);
+  h.in.clear();
+  return step(h, header, std::span(frame).subspan(core::kFrameHeaderSize));
+}
+
+Status Listener::step(Handshake& h, const FrameHeader& header, std::span<const uint8_t> body) {
+  using Stage = Handshake::Stage;
+  if (h.stage == Stage::kFirst && header.type == FrameType::kHello) return on_hello(h, body);
+  if (h.stage == Stage::kFirst && header.type == FrameType::kJoin) return on_join(h, body);
+  if (h.stage == Stage::kAuth && header.type == FrameType::kAuth) return on_auth(h, body);
+  if (h.stage == Stage::kVerbsAddress && header.type == FrameType::kVerbsAddress) {
+    return on_verbs_address(h, body);
+  }
+  if (h.stage == Stage::kFirst) return {ErrorCode::kProtocol, "expected hello or join"};
+  if (h.stage == Stage::kAuth) return {ErrorCode::kAuthFailed, "authentication required"};
+  return {ErrorCode::kProtocol,
+          "handshake: unexpected frame type " + std::to_string(static_cast<int>(header.type))};
+}
+
+Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
+  if (Status s = engine::decode(body, h.hello); !s.ok()) return s;
+  auto offered = [&](TransportKind t) {
+    return std::find(h.hello.transports.begin(), h.hello.transports.end(), t) !=
+           h.hello.transports.end();
+  };
+  // TCP carries the control connection and messages, so both sides must have it.
+  if (!offered(TransportKind::kTcp)) return {ErrorCode::kUnsupported, "peer does not offer tcp"};
+  const Config& config = engine_.config;
+  engine::HelloAck& ack = h.ack;
+  ack.engine_id = engine_.id;
+  ack.incarnation = engine_.incarnation;
+  ack.transport = TransportKind::kTcp;
+  for (TransportKind t : engine_.usable_transports()) {
+    if (offered(t)) {
+      ack.transport = t;
+      break;
+    }
+  }
+  ack.streams = static_cast<uint8_t>(config.tcp_streams);
+  core::random_bytes(ack.nonce);
+  core::random_bytes(ack.token);
+  if (!config.secret.empty()) {
+    ack.mac = engine::auth_mac(config.secret, true, h.hello.nonce, ack.nonce,
+                               {h.hello.engine_id, h.hello.incarnation},
+                               {engine_.id, engine_.incarnation});
+  } else if (Status s = engine_.check_admission(h.hello, false); !s.ok()) {
+    return s;  // refused before the client learns a session token
+  }
+  if (Status s = queue(h, engine::encode(ack)); !s.ok()) return s;
+  if (!config.secret.empty()) {
+    h.stage = Handshake::Stage::kAuth;
+    return {};
+  }
+  return admit_peer(h);
+}
+
+Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
+  const Config& config = engine_.config;
+  engine::Auth auth;
+  if (Status s = engine::decode(body, auth); !s.ok()) return s;
+  if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, h.hello.nonce, h.ack.nonce,
+                                                  {h.hello.engine_id, h.hello.incarnation},
+                                                  {engine_.id, engine_.incarnation}))) {
+    return {ErrorCode::kAuthFailed, "wrong shared secret"};
+  }
+  if (Status s = engine_.check_admission(h.hello, true); !s.ok()) return s;
+  if (Status s = queue(h, engine::encode_empty(FrameType::kAuthOk)); !s.ok()) return s;
+  return admit_peer(h);
+}
+
+Status Listener::admit_peer(Handshake& h) {
+  if (Status s = engine_.create_peer(h.hello, h.address, h.ack.transport, h.fd, h.peer); !s.ok()) {
+    return s;
+  }
+  if (h.ack.transport == TransportKind::kVerbs) {
+    if (Status s = engine_.create_verbs_channel(h.peer); !s.ok()) return s;
+    h.stage = Handshake::Stage::kVerbsAddress;  // the client sends its queue pairs first
+    return {};
+  }
+  engine_.add_joining(h.ack.token, h.peer, h.deadline);
+  h.stage = Handshake::Stage::kHandOver;
+  return {};
+}
+
+Status Listener::on_verbs_address(Handshake& h, std::span<const uint8_t> body) {
+  transport::verbs::VerbsAddress remote;
+  if (Status s = transport::verbs::VerbsAddress::decode(body, remote); !s.ok()) return s;
+  if (Status s = h.peer->verbs->connect(remote); !s.ok()) return s;
+  if (Status s = queue(h, engine_.verbs_address_frame(*h.peer)); !s.ok()) return s;
+  engine_.add_joining(h.ack.token, h.peer, h.deadline);
+  h.stage = Handshake::Stage::kHandOver;
+  return {};
+}
+
+Status Listener::on_join(Handshake& h, std::span<const uint8_t> body) {
+  if (Status s = engine::decode(body, h.join); !s.ok()) return s;
+  h.peer = engine_.find_joining(h.join.token);
+  if (!h.peer) return {ErrorCode::kProtocol, "join: unknown session"};
+  h.is_stream = true;
+  if (Status s = queue(h, engine::encode_empty(FrameType::kJoinOk)); !s.ok()) return s;
+  h.stage = Handshake::Stage::kHandOver;
+  return {};
+}
+
+Status Listener::queue(Handshake& h, const std::vector<uint8_t>& frame) {
+  h.out.insert(h.out.end(), frame.begin(), frame.end());
+  return flush(h);
+}
+
+Status Listener::flush(Handshake& h) {
+  while (h.out_done < h.out.size()) {
+    ssize_t n = ::send(h.sock, h.out.data() + h.out_done, h.out.size() - h.out_done,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return core::sys_status("send during the handshake", errno, ErrorCode::kPeerLost);
+      }
+      break;
+    }
+    h.out_done += static_cast<std::size_t>(n);
+  }
+  if (h.out_done == h.out.size()) {
+    h.out.clear();
+    h.out_done = 0;
+  }
+  bool want_out = !h.out.empty();
+  if (want_out != h.watching_out) {
+    h.watching_out = want_out;
+    watch(h);
+  }
+  return {};
+}
+
+void Listener::watch(Handshake& h) {
+  epoll_event ev{};
+  ev.events = h.watching_out ? EPOLLIN | EPOLLOUT : EPOLLIN;
+  ev.data.u64 = h.id;
+  (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, h.sock, &ev);
+}
+
+void Listener::hand_over(Handshake& h) {
+  std::shared_ptr<PeerImpl> peer = std::move(h.peer);
+  core::Fd stream = std::move(h.fd);
+  bool is_stream = h.is_stream;
+  engine::Join join = h.join;
+  forget(h);
+  if (is_stream) engine_.attach_stream(peer, join, std::move(stream));
+}
+
+void Listener::fail(Handshake& h, const Status& why) {
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  // Forgotten before the refusal goes out, so a client reading it sees the counts updated.
+  int sock = h.sock;
+  bool reply = h.out.empty();  // else a reply is half sent: an error frame would garble it
+  core::Fd fd = std::move(h.fd);  // closed on return, after the refusal
+  // A peer this handshake created owns the control connection; closing it closes that. A
+  // stream's peer belongs to another connection: only the stream goes.
+  std::shared_ptr<PeerImpl> created = h.is_stream ? nullptr : std::move(h.peer);
+  forget(h);
+  if (reply) {
+    auto frame = engine::encode(engine::ErrorMsg{why.code(), why.message()});
+    (void)::send(sock, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  if (created) created->close(why);
+}
+
+void Listener::forget(Handshake& h) {
+  (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, h.sock, nullptr);
+  auto it = per_source_.find(h.source);
+  if (it != per_source_.end() && --it->second <= 0) per_source_.erase(it);
+  handshakes_.erase(h.id);  // destroys h (and closes its descriptor if it still holds it)
+  pending_.store(handshakes_.size(), std::memory_order_relaxed);
+}
+
+void Listener::expire(Clock::time_point now) {
+  std::vector<uint64_t> late;
+  for (const auto& [id, h] : handshakes_) {
+    if (now >= h->deadline) late.push_back(id);
+  }
+  for (uint64_t id : late) {
+    Handshake& h = *handshakes_.at(id);
+    fail(h, {ErrorCode::kTimeout,
+             "handshake with " + h.address + " did not complete within " +
+                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    engine_.config.connect_timeout)
+                                    .count()) +
+                 " ms (connect_timeout)"});
+  }
+}
+
+}  // namespace ferry::detail

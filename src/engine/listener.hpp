@@ -1,0 +1,87 @@
+// Accepts peers' connections and drives every server-side handshake (hello, authentication,
+// verbs addressing, stream joins) as a non-blocking state machine on one thread, which also
+// runs the engine's liveness timer. No connection can hold up another, the timer or shutdown:
+// each handshake has its own deadline, reads only the bytes of the frame it expects, and the
+// caps below bound how many can be pending (docs/architecture.md, "Limits").
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "core/frame.hpp"
+#include "core/net.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry::detail {
+
+class EngineImpl;
+
+class Listener {
+ public:
+  // `socket` is the listening socket, or invalid when the engine does not listen (then only
+  // the liveness timer runs).
+  Listener(EngineImpl& engine, core::Fd socket);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  void start();
+  // Wakes the thread, fails every pending handshake with kCancelled and joins. Idempotent.
+  void stop();
+
+  std::size_t pending() const { return pending_.load(std::memory_order_relaxed); }
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  uint64_t accept_failures() const { return accept_failures_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Handshake;
+  void run();
+  void accept_burst(Clock::time_point now);
+  void admit(core::Fd fd, Clock::time_point now);
+  void on_ready(Handshake& h, uint32_t events);
+  // Reads what the current frame still lacks; a complete frame is handled by step().
+  Status read_frame(Handshake& h, bool& progressed);
+  Status step(Handshake& h, const core::FrameHeader& header, std::span<const uint8_t> body);
+  Status on_hello(Handshake& h, std::span<const uint8_t> body);
+  Status on_auth(Handshake& h, std::span<const uint8_t> body);
+  Status on_verbs_address(Handshake& h, std::span<const uint8_t> body);
+  Status on_join(Handshake& h, std::span<const uint8_t> body);
+  // The client is who it says: create its peer and go on to verbs addressing or the joins.
+  Status admit_peer(Handshake& h);
+  // Queues bytes and sends what the socket takes now.
+  Status queue(Handshake& h, const std::vector<uint8_t>& frame);
+  Status flush(Handshake& h);
+  // The last reply is out: the connection leaves the listener (to its peer, or as a stream).
+  void hand_over(Handshake& h);
+  void fail(Handshake& h, const Status& why);
+  void forget(Handshake& h);
+  void watch(Handshake& h);
+  void expire(Clock::time_point now);
+  // Makes room for one more handshake: evicts the oldest one of the source holding the most.
+  void evict_one();
+
+  EngineImpl& engine_;
+  core::Fd socket_;
+  core::Fd epoll_;
+  core::Fd wake_;  // eventfd: stop()
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+
+  // Listener thread only.
+  std::unordered_map<uint64_t, std::unique_ptr<Handshake>> handshakes_;
+  std::unordered_map<std::string, int> per_source_;
+  uint64_t next_id_ = 2;  // 0 and 1 name the wake-up eventfd and the listening socket
+  Clock::time_point accept_resumes_{};
+  Duration accept_backoff_{};
+
+  std::atomic<std::size_t> pending_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> accept_failures_{0};
+};
+
+}  // namespace ferry::detail

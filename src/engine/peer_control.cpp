@@ -1,0 +1,183 @@
+// The peer's control connection (liveness pings and orderly goodbye, on a progress thread)
+// and how a peer closes.
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "core/sys.hpp"
+#include "engine/engine_impl.hpp"
+
+namespace ferry::detail {
+
+using core::FrameHeader;
+using core::FrameType;
+
+namespace {
+// Bytes the control connection reads per wake-up: a peer flooding it with pings gets its turn
+// like every other socket of the progress thread (a ping is 48 bytes).
+constexpr std::size_t kControlReadBudget = 16 << 10;
+}  // namespace
+
+struct PeerImpl::Control final : core::Reactor::Handler {
+  std::weak_ptr<PeerImpl> peer;
+  core::Reactor* reactor = nullptr;
+  int loop = 0;
+  core::Fd fd;
+  std::atomic<int64_t> last_heard_ns{0};
+  Clock::time_point last_ping{};
+  std::mutex out_mu;
+  std::string out;  // bytes a full socket did not take yet
+  // After the handshake only PING, PONG and BYE come, each a bare header.
+  uint8_t in[core::kFrameHeaderSize];
+  std::size_t in_len = 0;
+  bool stopped = false;  // loop thread only
+
+  void heard() { last_heard_ns.store(Clock::now().time_since_epoch().count()); }
+
+  void send_frame(FrameType type) {
+    auto frame = engine::encode_empty(type);
+    std::lock_guard lock(out_mu);
+    // Pings and pongs only say "alive": one waiting to go says it for the next ones too, so a
+    // peer that pings without reading costs us at most one frame.
+    if (!out.empty() && type != FrameType::kBye) return;
+    out.append(reinterpret_cast<const char*>(frame.data()), frame.size());
+    ssize_t n = ::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) out.erase(0, static_cast<std::size_t>(n));
+  }
+
+  void on_event(uint32_t) override {
+    if (stopped) return;
+    Status lost;
+    for (std::size_t budget = kControlReadBudget; budget > 0;) {
+      ssize_t n = ::recv(fd.get(), in + in_len, sizeof in - in_len, MSG_DONTWAIT);
+      if (n == 0) {
+        lost = {ErrorCode::kPeerLost, "control connection closed by peer"};
+        break;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) break;
+        lost = core::sys_status("recv on control connection", errno, ErrorCode::kPeerLost);
+        break;
+      }
+      in_len += static_cast<std::size_t>(n);
+      budget -= std::min(budget, static_cast<std::size_t>(n));
+      heard();
+      while (lost.ok() && in_len >= core::kFrameHeaderSize) {
+        FrameHeader h;
+        if (Status s = core::decode_header(in, h); !s.ok() || !core::is_control(h.type)) {
+          lost = s.ok() ? Status(ErrorCode::kProtocol, "data frame on the control connection") : s;
+          break;
+        }
+        if (h.length != 0) {
+          lost = {ErrorCode::kProtocol, "control frame with a body after the handshake"};
+          break;
+        }
+        if (h.type == FrameType::kPing) {
+          send_frame(FrameType::kPong);
+        } else if (h.type == FrameType::kBye) {
+          lost = {ErrorCode::kPeerLost, "peer closed the connection"};
+        } else if (h.type != FrameType::kPong) {
+          lost = {ErrorCode::kProtocol,
+                  "unexpected control frame " + std::to_string(static_cast<int>(h.type))};
+        }
+        in_len = 0;
+      }
+      if (!lost.ok()) break;
+    }
+    {
+      std::lock_guard lock(out_mu);
+      if (!out.empty()) {
+        ssize_t n = ::send(fd.get(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) out.erase(0, static_cast<std::size_t>(n));
+      }
+    }
+    if (!lost.ok()) {
+      if (auto p = peer.lock()) p->close(lost);
+    }
+  }
+
+  // On the loop thread.
+  void stop(const std::shared_ptr<Control>& self) {
+    if (stopped) return;
+    stopped = true;
+    reactor->remove(loop, fd.get());
+    reactor->retire(loop, self);
+  }
+};
+
+PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remote,
+                   std::string addr, TransportKind kind, bool from_peer, core::Fd control)
+    : engine_id(remote.engine_id),
+      incarnation(remote.incarnation),
+      address(std::move(addr)),
+      transport(kind),
+      incoming(from_peer),
+      engine(std::move(eng)),
+      link(std::make_shared<transport::PeerLink>(remote.engine_id,
+                                                 engine->config.max_unexpected_bytes)),
+      control_(std::make_shared<Control>()) {
+  control_->fd = std::move(control);
+  control_->reactor = &engine->reactor();
+  control_->heard();
+}
+
+void PeerImpl::start_control() {
+  control_->peer = weak_from_this();
+  control_->loop = engine->reactor().pick_loop();
+  if (core::set_nonblocking(control_->fd.get(), true).ok()) {
+    (void)engine->reactor().add(control_->loop, control_->fd.get(), EPOLLIN | EPOLLRDHUP,
+                                control_.get());
+  }
+}
+
+bool PeerImpl::control_alive() const {
+  if (lost.load()) return false;
+  pollfd p{control_->fd.get(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 0;  // any event here is a hang-up or an error
+}
+
+void PeerImpl::housekeeping(Clock::time_point now) {
+  if (lost.load()) return;
+  auto silent = now - Clock::time_point(Clock::duration(control_->last_heard_ns.load()));
+  if (silent > engine->config.peer_timeout) {
+    close(
+        {ErrorCode::kPeerLost,
+         "no sign of life from " + address + " for " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+             " ms"});
+    return;
+  }
+  if (now - control_->last_ping > engine->config.peer_timeout / 4) {
+    control_->last_ping = now;
+    control_->send_frame(FrameType::kPing);
+  }
+}
+
+void PeerImpl::close(const Status& reason) {
+  if (lost.exchange(true)) return;
+  // The channel first: its close reason is what in-flight operations report, and the goodbye
+  // below makes the remote side drop our streams, which must not be mistaken for a loss.
+  if (verbs) verbs->close(reason);
+  if (channel) channel->close(reason);
+  if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
+  ::shutdown(control_->fd.get(), SHUT_RDWR);
+  std::shared_ptr<Control> control = control_;
+  engine->reactor().post(control->loop, [control] { control->stop(control); });
+}
+
+void PeerImpl::channel_closed(const Status& reason) {
+  // Marks the peer lost first, so a caller woken by a failure already sees connected() false.
+  close(reason);
+  if (open_channels.fetch_sub(1) != 1) return;
+  link->fail_all(reason);
+  engine->peer_closed(this);
+}
+
+transport::Channel& PeerImpl::data_channel() const {
+  if (verbs) return *verbs;
+  return *channel;
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,307 @@
+// A peer's operations: validation at the initiator, slicing and striping over the channel's
+// lanes, posting, and two-sided messages.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/engine_impl.hpp"
+
+namespace ferry::detail {
+
+using transport::OpEntry;
+using transport::OpKind;
+using transport::OpState;
+
+namespace {
+const char* op_name(OpKind kind, bool imm) {
+  switch (kind) {
+    case OpKind::kWrite:
+      return imm ? "write_with_imm" : "write";
+    case OpKind::kRead:
+      return "read";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+  }
+  return "op";
+}
+}  // namespace
+
+OpState* PeerImpl::start_op(OpKind kind) {
+  OpState* op = link->pool->acquire();
+  op->kind = kind;
+  op->slice_bytes = engine->config.slice_bytes;
+  op->spin_ns = engine->config.wait_spin.count();
+  return op;
+}
+
+Future PeerImpl::finish_now(OpState* op, const Status& status) {
+  op->complete_with(status);
+  return Future(op);
+}
+
+bool PeerImpl::lease_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                           uint8_t** addr, uint32_t* region_id) {
+  if (local == nullptr || !local->valid()) return false;
+  const RegionRecord& rec = *local->record_;
+  if (rec.engine.get() != engine.get()) return false;
+  transport::RegionSlot* slot =
+      engine->regions().try_acquire(rec.id, rec.key, offset, length, Access::kLocal, addr);
+  if (slot == nullptr) return false;
+  op->leases.push_back(slot);
+  *region_id = rec.id;
+  return true;
+}
+
+Status PeerImpl::local_refusal(const Region* local, uint64_t offset, uint64_t length) const {
+  if (local == nullptr || !local->valid()) return {ErrorCode::kInvalidArgument, "no local region"};
+  const RegionRecord& rec = *local->record_;
+  if (rec.engine.get() != engine.get()) {
+    return {ErrorCode::kInvalidArgument, "local region belongs to another engine"};
+  }
+  return region_refusal(rec.id, rec.key, offset, length);
+}
+
+Status PeerImpl::region_refusal(uint32_t id, uint64_t key, uint64_t offset, uint64_t length) const {
+  transport::RegionUse use;
+  uint8_t* addr = nullptr;
+  Status s = engine->regions().acquire(id, key, offset, length, Access::kLocal, &addr, use);
+  // A refused id stays refused (ids are never reused), so this names the same reason.
+  if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
+  return {s.code(), "local " + s.message()};
+}
+
+Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                            uint8_t** addr, uint32_t* region_id) {
+  uint32_t id = 0;
+  if (!lease_local(op, local, offset, length, addr, &id))
+    return local_refusal(local, offset, length);
+  if (region_id != nullptr) *region_id = id;
+  return {};
+}
+
+Future PeerImpl::post(OpState* op) {
+  if (lost.load() || !link->pool->mark_posted(op)) {
+    if (op->kind == OpKind::kRecv && link->matcher.take_buffered(op)) return finish_now(op, {});
+    return finish_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
+  }
+  if (op->kind == OpKind::kRecv) {
+    link->matcher.post(op);
+  } else {
+    data_channel().post(op);
+  }
+  return Future(op);
+}
+
+PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
+                                  TransportKind via) {
+  const Descriptor* remote = t.remote;
+  if (remote == nullptr) return Refusal::kNoRemote;
+  if (remote->engine_id != engine_id) return Refusal::kWrongPeer;
+  if (remote->incarnation != incarnation) return Refusal::kStale;
+  if (!allows(remote->access, wanted)) return Refusal::kNotGranted;
+  if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
+    return Refusal::kOutOfBounds;
+  }
+  const Descriptor::Key* key = remote->key_for(via);
+  if (key == nullptr || key->length > sizeof(uint64_t)) return Refusal::kNoKey;
+  uint8_t* local = nullptr;
+  uint32_t local_region = 0;
+  if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
+    return Refusal::kLocal;
+  }
+  if (t.length > 0) {
+    uint64_t remote_key = 0;
+    std::memcpy(&remote_key, key->bytes, key->length);
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset,
+                                  local_region, remote->address + t.remote_offset});
+  }
+  return Refusal::kNone;
+}
+
+Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refusal why) {
+  const Descriptor* remote = t.remote;
+  bool read = op->kind == OpKind::kRead;
+  Status s;
+  switch (why) {
+    case Refusal::kNoRemote:
+      s = {ErrorCode::kInvalidArgument, "no remote descriptor"};
+      break;
+    case Refusal::kWrongPeer:
+      s = {ErrorCode::kWrongPeer, "descriptor of engine " + std::to_string(remote->engine_id) +
+                                      ", peer is " + std::to_string(engine_id)};
+      break;
+    case Refusal::kStale:
+      s = {ErrorCode::kStaleIncarnation, "descriptor from an earlier incarnation of the peer"};
+      break;
+    case Refusal::kNotGranted:
+      s = {ErrorCode::kPermissionDenied, "region " + std::to_string(remote->region_id) +
+                                             " does not grant remote " + (read ? "read" : "write")};
+      break;
+    case Refusal::kOutOfBounds:
+      s = {ErrorCode::kOutOfBounds, "remote offset " + std::to_string(t.remote_offset) +
+                                        " + length " + std::to_string(t.length) +
+                                        " exceeds region length " + std::to_string(remote->length)};
+      break;
+    case Refusal::kNoKey:
+      s = {ErrorCode::kUnsupported,
+           "descriptor has no " +
+               std::string(to_string(verbs ? TransportKind::kVerbs : TransportKind::kTcp)) +
+               " key"};
+      break;
+    default:
+      s = local_refusal(t.local, t.local_offset, t.length);
+      break;
+  }
+  return finish_now(op, {s.code(), std::string(op_name(op->kind, op->with_imm)) + " entry " +
+                                       std::to_string(entry) + ": " + s.message()});
+}
+
+transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32_t imm) {
+  OpState* op = start_op(kind);
+  op->with_imm = with_imm;
+  op->imm = imm;
+  return op;
+}
+
+std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
+                                            uint64_t& slices, uint64_t& total) {
+  Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
+  TransportKind via = verbs ? TransportKind::kVerbs : TransportKind::kTcp;
+  slices = 0;
+  total = 0;
+  // Messages are built only on refusal: the success path allocates nothing.
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Transfer& t = batch[i];
+    if (Refusal why = admit(op, t, wanted, via); why != Refusal::kNone) [[unlikely]] {
+      return refuse(op, i, t, why);
+    }
+    slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
+                                          : transport::slice_count(t.length, op->slice_bytes);
+    total += t.length;
+  }
+  return std::nullopt;
+}
+
+Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
+                           uint32_t imm) {
+  OpState* op = start_one_sided(kind, with_imm, imm);
+  uint64_t slices = 0, total = 0;
+  if (std::optional<Future> refused = admit_batch(op, batch, slices, total)) [[unlikely]] {
+    return std::move(*refused);
+  }
+  return plan_and_post(op, slices, total);
+}
+
+std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<const Transfer> batch,
+                                                      bool with_imm, uint32_t imm) {
+  // Checked by the op a write() or read() would post, which then completes unposted.
+  OpState* op = start_one_sided(kind, with_imm, imm);
+  auto p = std::make_shared<PreparedImpl>();
+  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total)) {
+    throw Error(refused->status());
+  }
+  p->peer = shared_from_this();
+  p->kind = kind;
+  p->with_imm = with_imm;
+  p->imm = imm;
+  p->entries = op->entries;
+  // Each local region once, with the span of it the batch touches: a post leases it again.
+  for (const Transfer& t : batch) {
+    const RegionRecord& rec = *t.local->record_;
+    auto it = std::find_if(p->locals.begin(), p->locals.end(),
+                           [&](const PreparedImpl::Local& l) { return l.region_id == rec.id; });
+    if (it == p->locals.end()) {
+      p->locals.push_back({rec.id, rec.key, t.local_offset, t.local_offset + t.length});
+    } else {
+      it->begin = std::min(it->begin, t.local_offset);
+      it->end = std::max(it->end, t.local_offset + t.length);
+    }
+  }
+  finish_now(op, {});  // releases the leases taken while checking
+  return p;
+}
+
+Future PeerImpl::post_prepared(const PreparedImpl& p) {
+  OpState* op = start_one_sided(p.kind, p.with_imm, p.imm);
+  transport::RegionTable& regions = engine->regions();
+  for (const PreparedImpl::Local& l : p.locals) {
+    uint8_t* addr = nullptr;
+    transport::RegionSlot* slot =
+        regions.try_acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal, &addr);
+    if (slot == nullptr) [[unlikely]] {
+      return finish_now(op, region_refusal(l.region_id, l.key, l.begin, l.end - l.begin));
+    }
+    op->leases.push_back(slot);
+  }
+  op->entries.assign(p.entries.begin(), p.entries.end());  // capacity kept: no allocation
+  return plan_and_post(op, p.slices, p.total);
+}
+
+Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {
+  if (slices == 0) return finish_now(op, {});
+  // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
+  int lanes = data_channel().lanes();
+  if (total > engine->config.stripe_threshold && lanes > 1) {
+    op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
+    op->first_lane = 0;
+    for (int lane = 0; lane < op->lane_count; ++lane) {
+      transport::LaneCursor& c = op->lanes[lane];
+      c = {};
+      transport::advance(*op, c, static_cast<uint64_t>(lane));
+      c.remaining =
+          slices / static_cast<uint64_t>(op->lane_count) +
+          (static_cast<uint64_t>(lane) < slices % static_cast<uint64_t>(op->lane_count) ? 1 : 0);
+    }
+  } else {
+    // The turn is a hint: a lost update between racing callers costs nothing, an atomic
+    // increment costs every small operation.
+    unsigned turn = next_lane_.load(std::memory_order_relaxed);
+    next_lane_.store(turn + 1, std::memory_order_relaxed);
+    op->lane_count = 1;
+    op->first_lane = static_cast<int>(turn % static_cast<unsigned>(lanes));
+    op->lanes[0] = {0, 0, slices};
+  }
+  // Published to the completing thread by the posting (pool and lane synchronisation).
+  op->pending.store(static_cast<int64_t>(slices), std::memory_order_relaxed);
+  op->bytes.store(total, std::memory_order_relaxed);
+  return post(op);
+}
+
+Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) {
+  OpState* op = start_op(OpKind::kSend);
+  op->tag = tag;
+  if (length > UINT32_MAX) {
+    return finish_now(op, {ErrorCode::kInvalidArgument, "send: messages are limited to 4 GiB - 1"});
+  }
+  uint8_t* addr = nullptr;
+  uint32_t region_id = 0;
+  if (Status s = take_local(op, &local, offset, length, &addr, &region_id); !s.ok()) {
+    return finish_now(op, {s.code(), "send: " + s.message()});
+  }
+  op->entries.push_back(OpEntry{addr, length, 0, 0, 0, region_id});
+  op->slice_bytes = length > 0 ? length : 1;  // one frame per message
+  // All messages of a peer travel on stream (TCP) or queue pair (verbs) 0, so messages with one
+  // tag arrive in order.
+  op->lane_count = 1;
+  op->first_lane = 0;
+  op->lanes[0] = {0, 0, 1};
+  op->pending.store(1);
+  op->bytes.store(length);
+  return post(op);
+}
+
+Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) {
+  OpState* op = start_op(OpKind::kRecv);
+  op->tag = tag;
+  uint8_t* addr = nullptr;
+  uint32_t region_id = 0;
+  if (Status s = take_local(op, &local, offset, capacity, &addr, &region_id); !s.ok()) {
+    return finish_now(op, {s.code(), "recv: " + s.message()});
+  }
+  op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0, region_id});
+  op->pending.store(1);
+  return post(op);
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,126 @@
+// A connected peer: planning and posting of its operations (validation, slicing, striping),
+// its channels, and its control connection (liveness and goodbye, peer_control.cpp).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/net.hpp"
+#include "engine/handshake.hpp"
+#include "ferry/ferry.hpp"
+#include "transport/contract.hpp"
+#include "transport/tcp/tcp_channel.hpp"
+#include "transport/verbs/verbs_channel.hpp"
+
+namespace ferry::detail {
+
+class EngineImpl;
+class PeerImpl;
+
+// What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
+struct PreparedImpl {
+  struct Local {
+    uint32_t region_id;
+    uint64_t key;
+    uint64_t begin, end;  // the span of the region the batch touches
+  };
+  std::shared_ptr<PeerImpl> peer;
+  transport::OpKind kind = transport::OpKind::kWrite;
+  bool with_imm = false;
+  uint32_t imm = 0;
+  std::vector<transport::OpEntry> entries;
+  std::vector<Local> locals;
+  uint64_t slices = 0;
+  uint64_t total = 0;
+};
+
+class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
+ public:
+  // `incoming`: the peer connected to us (it claimed its identity); else we dialled it.
+  PeerImpl(std::shared_ptr<EngineImpl> engine, const engine::Identity& remote, std::string address,
+           TransportKind transport, bool incoming, core::Fd control);
+
+  Future one_sided(transport::OpKind kind, std::span<const Transfer> batch, bool with_imm,
+                   uint32_t imm);
+  // Checks a batch as one_sided() does (throws Error with its refusal) for posting many times.
+  std::shared_ptr<const PreparedImpl> prepare(transport::OpKind kind,
+                                              std::span<const Transfer> batch, bool with_imm,
+                                              uint32_t imm);
+  Future post_prepared(const PreparedImpl& p);
+  Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
+  Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
+  void close(const Status& reason);
+  // A channel finished closing; when the last one did, every op still posted fails.
+  void channel_closed(const Status& reason);
+  // The channel one-sided operations use: verbs when chosen, else TCP.
+  transport::Channel& data_channel() const;
+
+  // Control connection (liveness); called by the engine's housekeeping.
+  void start_control();
+  void housekeeping(Clock::time_point now);
+  // False once the control connection has seen the peer hang up or fail, even if the progress
+  // thread has not handled it yet.
+  bool control_alive() const;
+
+  const uint64_t engine_id;
+  const uint64_t incarnation;
+  const std::string address;
+  const TransportKind transport;
+  const bool incoming;
+  std::shared_ptr<EngineImpl> engine;
+  std::shared_ptr<transport::PeerLink> link;
+  std::shared_ptr<transport::tcp::TcpChannel> channel;    // control-adjacent streams, send/recv
+  std::shared_ptr<transport::verbs::VerbsChannel> verbs;  // one-sided ops, when chosen
+  std::atomic<bool> lost{false};
+  std::atomic<int> open_channels{0};
+
+ private:
+  friend class EngineImpl;
+  struct Control;
+  transport::OpState* start_op(transport::OpKind kind);
+  // Completes an op that was never posted (validation failed, or nothing to do).
+  Future finish_now(transport::OpState* op, const Status& status);
+  // Validates a local range and leases its region to the op until completion.
+  Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                    uint8_t** addr, uint32_t* region_id = nullptr);
+  // take_local without the reason: the data path's check. local_refusal() gives the reason.
+  bool lease_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
+                   uint8_t** addr, uint32_t* region_id);
+  [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length) const;
+  // Why the local region `id` refuses [offset, offset + length).
+  [[gnu::cold]] Status region_refusal(uint32_t id, uint64_t key, uint64_t offset,
+                                      uint64_t length) const;
+  // Why a one-sided batch entry cannot go; its message is built only then (refuse()).
+  enum class Refusal : uint8_t {
+    kNone,
+    kNoRemote,
+    kWrongPeer,
+    kStale,
+    kNotGranted,
+    kOutOfBounds,
+    kNoKey,
+    kLocal
+  };
+  // Checks one entry and, if it may go, leases its local region and adds it to the op.
+  Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, TransportKind via);
+  [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
+                              Refusal why);
+  Future post(transport::OpState* op);
+  transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
+  // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
+  // op completed with it.
+  std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
+                                    uint64_t& slices, uint64_t& total);
+  // Plans the lanes of an admitted op and posts it.
+  Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
+
+  std::shared_ptr<Control> control_;
+  std::atomic<unsigned> next_lane_{0};
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,348 @@
+// Availability under hostile clients: connections that say nothing, trickle, stop half-way
+// through authentication, flood, claim another engine's identity, or come and go without ever
+// being accepted. Each test checks that a well-behaved peer beside them still connects and
+// transfers, and that what the engine holds stays within its configured limits.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/crypto.hpp"
+#include "support/pair.hpp"
+#include "support/raw_client.hpp"
+
+namespace ferry::test {
+namespace {
+
+// Stands for another host: the listener is on 127.0.0.1, the hostile clients come from here.
+const std::string kOtherHost = "127.0.0.2";
+
+bool eventually(const std::function<bool()>& done, Duration timeout = kWait) {
+  auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A legitimate client beside the hostile ones: it connects and writes 4 KiB, and the bytes
+// arrive. Its connect_timeout is far below the server's, so a server stalled by the hostile
+// connections makes this fail with kTimeout instead of passing late.
+void expect_legitimate_peer_served(Engine& server, const Config& client_config = test_config()) {
+  Config c = client_config;
+  c.connect_timeout = std::chrono::seconds(15);
+  Engine client(c);
+  std::vector<uint8_t> target(4096, 0);
+  Region remote = server.register_memory(target.data(), target.size(), Access::kRemoteWrite);
+  Buffer src(client, 4096, Access::kLocal, 7);
+  auto started = Clock::now();
+  Peer peer = client.connect(server.address());
+  Descriptor d = remote.descriptor();
+  Transfer t{&src.region, 0, &d, 0, 4096};
+  ASSERT_TRUE(peer.write({&t, 1}).wait(kWait).ok());
+  auto took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  EXPECT_EQ(target, src.bytes);
+  std::printf("[ figure ] legitimate connect + 4 KiB write beside the hostile clients: %lld us\n",
+              static_cast<long long>(took.count()));
+}
+
+Config patient_server() {
+  Config c = test_config();
+  // Far longer than any test waits: a handshake that blocked others would show as a failure.
+  c.connect_timeout = std::chrono::seconds(60);
+  return c;
+}
+
+std::vector<std::unique_ptr<Raw>> silent_connections(const Engine& server, int n,
+                                                     const std::string& source = kOtherHost) {
+  std::vector<std::unique_ptr<Raw>> out;
+  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<Raw>(server, source));
+  return out;
+}
+
+TEST(Hostile, SilentConnectionsDelayNeitherConnectsNorShutdown) {
+  Engine server(patient_server());
+  auto silent = silent_connections(server, 30);
+  ASSERT_TRUE(eventually([&] { return server.stats().pending_handshakes == 30; }));
+  expect_legitimate_peer_served(server);
+  EXPECT_EQ(server.stats().pending_handshakes, 30u);
+  // Shutdown ends them at once: each is told kCancelled, not left to time out after 60 s.
+  server.shutdown();
+  for (auto& raw : silent) raw->expect_refusal(ErrorCode::kCancelled);
+}
+
+TEST(Hostile, TricklingAndHalfSentFramesDelayNoOne) {
+  Engine server(patient_server());
+  std::vector<std::vector<uint8_t>> hellos;
+  std::vector<std::unique_ptr<Raw>> tricklers;
+  for (std::size_t i = 0; i < 20; ++i) {
+    hellos.push_back(engine::encode(hello_from(1000 + i)));
+    tricklers.push_back(std::make_unique<Raw>(server, kOtherHost));
+    // Part of a header, or a header and part of the body; the rest comes later.
+    tricklers.back()->send({hellos[i].begin(), hellos[i].begin() + static_cast<long>(30 + 2 * i)});
+  }
+  expect_legitimate_peer_served(server);
+  for (std::size_t i = 0; i < tricklers.size(); ++i) {
+    tricklers[i]->send({hellos[i].begin() + static_cast<long>(30 + 2 * i), hellos[i].end()});
+  }
+  // Completed late, each still gets its answer.
+  for (auto& raw : tricklers) {
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    ASSERT_TRUE(raw->read(h, body).ok());
+    EXPECT_EQ(h.type, core::FrameType::kHelloAck);
+  }
+}
+
+TEST(Hostile, HalfAuthenticatedConnectionsDelayNoOne) {
+  Config c = patient_server();
+  c.secret = "s3cret";
+  Engine server(c);
+  std::vector<std::unique_ptr<Raw>> halfway;
+  for (int i = 0; i < 20; ++i) {
+    halfway.push_back(std::make_unique<Raw>(server, kOtherHost));
+    halfway.back()->send(engine::encode(hello_from(100 + static_cast<uint64_t>(i))));
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    ASSERT_TRUE(halfway.back()->read(h, body).ok());
+    ASSERT_EQ(h.type, core::FrameType::kHelloAck);  // and then no AUTH
+  }
+  Config client = test_config();
+  client.secret = "s3cret";
+  expect_legitimate_peer_served(server, client);
+  EXPECT_EQ(server.stats().peers, 0u) << "no half-authenticated client was admitted";
+}
+
+TEST(Hostile, HandshakesPerSourceAreCapped) {
+  Config c = patient_server();
+  c.max_handshakes_per_source = 8;
+  Engine server(c);
+  auto silent = silent_connections(server, 8);
+  ASSERT_TRUE(eventually([&] { return server.stats().pending_handshakes == 8; }));
+  Raw ninth(server, kOtherHost);
+  ninth.expect_refusal(ErrorCode::kResourceExhausted);
+  EXPECT_EQ(server.stats().pending_handshakes, 8u);
+  expect_legitimate_peer_served(server);  // from another source
+}
+
+TEST(Hostile, AFullHandshakeTableEvictsTheHeaviestSource) {
+  Config c = patient_server();
+  c.max_handshakes = 16;
+  Engine server(c);
+  auto silent = silent_connections(server, 16);
+  ASSERT_TRUE(eventually([&] { return server.stats().pending_handshakes == 16; }));
+  expect_legitimate_peer_served(server);
+  // The legitimate client's control connection found the table full and evicted the oldest
+  // silent one; its streams then found a free place.
+  silent[0]->expect_refusal(ErrorCode::kResourceExhausted);
+  EXPECT_EQ(server.stats().pending_handshakes, 15u);
+}
+
+TEST(Hostile, SlowHandshakesTimeOutOnTheirOwnDeadline) {
+  Config c = test_config();
+  c.connect_timeout = std::chrono::milliseconds(300);
+  Engine server(c);
+  Raw silent(server, kOtherHost);
+  silent.expect_refusal(ErrorCode::kTimeout);
+  EXPECT_EQ(server.stats().pending_handshakes, 0u);
+  EXPECT_GE(server.stats().refused_connections, 1u);
+}
+
+TEST(Hostile, MaxPeersIsEnforcedAndFreedByLeavingPeers) {
+  Config c = test_config();
+  c.max_peers = 2;
+  Engine server(c);
+  Engine a(test_config()), b(test_config()), d(test_config());
+  Peer pa = a.connect(server.address());
+  Peer pb = b.connect(server.address());
+  try {
+    d.connect(server.address());
+    ADD_FAILURE() << "a third peer was admitted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted) << e.what();
+  }
+  pa.close();
+  ASSERT_TRUE(eventually([&] { return server.stats().peers == 1; }));
+  EXPECT_NO_THROW(d.connect(server.address()));
+  // Peers this engine connects to count too.
+  Config small = test_config();
+  small.max_peers = 1;
+  Engine lone(small);
+  Engine other(test_config()), another(test_config());
+  Peer first = lone.connect(other.address());
+  try {
+    lone.connect(another.address());
+    ADD_FAILURE() << "connect went past max_peers";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted) << e.what();
+  }
+}
+
+int open_descriptors() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (::readdir(dir) != nullptr) ++n;
+  ::closedir(dir);
+  return n;
+}
+
+TEST(Hostile, PeersThatLeaveUnacceptedTakeEverythingWithThem) {
+  Engine server(test_config());
+  Engine client(test_config());
+  int baseline = open_descriptors();
+  for (int i = 0; i < 20; ++i) {
+    Peer p = client.connect(server.address());
+    p.close();
+  }
+  ASSERT_TRUE(eventually([&] { return server.stats().peers == 0; }));
+  EXPECT_FALSE(server.accept(std::chrono::milliseconds(0)).has_value())
+      << "a closed peer stayed in the accept queue";
+  EXPECT_TRUE(eventually([&] { return open_descriptors() <= baseline; }))
+      << open_descriptors() << " descriptors open, " << baseline << " before";
+}
+
+TEST(Hostile, AnIdentityHeldByALivePeerCannotBeClaimed) {
+  Engine server(patient_server());
+  Config cc = test_config();
+  cc.engine_id = 77;
+  Engine client(cc);
+  Peer real = client.connect(server.address());
+  ASSERT_TRUE(server.accept(kWait).has_value());
+  {
+    Raw spoof(server, kOtherHost);  // same id, another incarnation, nothing to prove it
+    spoof.send(engine::encode(hello_from(77, client.incarnation() + 1)));
+    spoof.expect_refusal(ErrorCode::kAuthFailed);
+  }
+  {
+    Raw twin(server, kOtherHost);  // the same identity again
+    twin.send(engine::encode(hello_from(77, client.incarnation())));
+    twin.expect_refusal(ErrorCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(real.connected());
+  std::vector<uint8_t> mem(64, 0);
+  Region r = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  Buffer src(client, 64, Access::kLocal, 3);
+  Descriptor d = r.descriptor();
+  Transfer t{&src.region, 0, &d, 0, 64};
+  EXPECT_TRUE(real.write({&t, 1}).wait(kWait).ok());
+}
+
+TEST(Hostile, AProvenNewerIncarnationReplacesTheOlder) {
+  Config sc = patient_server();
+  sc.secret = "s3cret";
+  Engine server(sc);
+  Config cc = test_config();
+  cc.secret = "s3cret";
+  cc.engine_id = 78;
+  Engine old_client(cc);
+  Peer old_peer = old_client.connect(server.address());
+  auto old_at_server = server.accept(kWait);
+  ASSERT_TRUE(old_at_server.has_value());
+  Engine new_client(cc);  // same id, new incarnation, knows the secret
+  Peer new_peer = new_client.connect(server.address());
+  ASSERT_TRUE(eventually([&] { return !old_at_server->connected(); }));
+  auto new_at_server = server.accept(kWait);
+  ASSERT_TRUE(new_at_server.has_value());
+  EXPECT_EQ(new_at_server->incarnation(), new_client.incarnation());
+  EXPECT_TRUE(new_peer.connected());
+}
+
+TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
+  Config c = test_config();
+  c.tcp_streams = 1;
+  Engine server(c);
+  Raw control(server, kOtherHost);
+  control.send(engine::encode(hello_from(90)));
+  core::FrameHeader h;
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(control.read(h, body).ok());
+  engine::HelloAck ack;
+  ASSERT_TRUE(engine::decode(body, ack).ok());
+  Raw stream(server, kOtherHost);
+  engine::Join join;
+  join.token = ack.token;
+  stream.send(engine::encode(join));
+  ASSERT_TRUE(stream.read(h, body).ok());
+  ASSERT_TRUE(server.accept(kWait).has_value());
+  // 8 MiB of pings, never reading a pong: without coalescing the server would queue 8 MiB.
+  auto ping = engine::encode_empty(core::FrameType::kPing);
+  std::vector<uint8_t> flood;
+  for (int i = 0; i < 1024; ++i) flood.insert(flood.end(), ping.begin(), ping.end());
+  std::thread flooder([&] {
+    for (int i = 0; i < 170; ++i) {
+      if (!core::write_all(control.fd.get(), flood, Raw::deadline()).ok()) break;
+    }
+  });
+  expect_legitimate_peer_served(server);
+  flooder.join();
+  EXPECT_TRUE(eventually([&] { return server.stats().peers == 1; }))
+      << "the flooder stays connected (it is alive, only slow); the legitimate peer left";
+}
+
+// Opens connections from the child of a fork(): system calls only (no allocation, which is
+// unsafe after fork() in a threaded process).
+void connect_silently(uint16_t port, int count) {
+  for (int i = 0; i < count; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to);
+  }
+}
+
+TEST(Hostile, AcceptOutOfDescriptorsBacksOffInsteadOfSpinning) {
+  Engine server(test_config());
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  int spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(spare, 0);
+  // Connections come from a child process, whose descriptors do not count against ours; it
+  // connects once our table is full.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c;
+    if (::read(go[0], &c, 1) == 1) connect_silently(server.port(), 4);
+    ::pause();  // killed by the parent
+    ::_exit(0);
+  }
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(open_descriptors() + 1);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> filler;
+  for (int fd; (fd = ::dup(spare)) >= 0;) filler.push_back(fd);
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  bool failed = eventually([&] { return server.stats().accept_failures > 0; });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  uint64_t failures = server.stats().accept_failures;
+  for (int fd : filler) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(spare);
+  ::close(go[0]);
+  ::close(go[1]);
+  EXPECT_TRUE(failed);
+  std::printf("[ figure ] accept() failures in ~1 s out of descriptors: %llu\n",
+              static_cast<unsigned long long>(failures));
+  // Backing off (10 ms doubling to 1 s) tries a handful of times a second; spinning would try
+  // hundreds of thousands.
+  EXPECT_LE(failures, 200u);
+  expect_legitimate_peer_served(server);
+}
+
+}  // namespace
+}  // namespace ferry::test

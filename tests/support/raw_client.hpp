@@ -1,0 +1,83 @@
+// A raw TCP connection to an engine, speaking the wire protocol by hand: the hostile or broken
+// client of the security and availability tests.
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/frame.hpp"
+#include "core/net.hpp"
+#include "engine/handshake.hpp"
+#include "ferry/ferry.hpp"
+
+namespace ferry::test {
+
+struct Raw {
+  // Connects from `source` (any 127.x.y.z address reaches a loopback listener; a second
+  // source stands for another host).
+  explicit Raw(const Engine& e, const std::string& source = "127.0.0.1") {
+    fd = core::Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) throw Error(ErrorCode::kSystem, "socket");
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+      throw Error(ErrorCode::kSystem, "bind " + source);
+    }
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(e.port());
+    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+      throw Error(ErrorCode::kConnectFailed, "connect from " + source);
+    }
+  }
+  static core::Deadline deadline() { return Clock::now() + std::chrono::seconds(20); }
+  void send(const std::vector<uint8_t>& bytes) {
+    ASSERT_TRUE(core::write_all(fd.get(), bytes, deadline()).ok());
+  }
+  // Reads one frame; returns its header and body.
+  Status read(core::FrameHeader& h, std::vector<uint8_t>& body) {
+    uint8_t raw[core::kFrameHeaderSize];
+    if (Status s = core::read_all(fd.get(), raw, deadline()); !s.ok()) return s;
+    if (Status s = core::decode_header(raw, h); !s.ok()) return s;
+    body.resize(h.length);
+    return core::read_all(fd.get(), body, deadline());
+  }
+  // The Error frame the engine sent before closing, as a Status (kOk if another frame came).
+  Status refusal() {
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    if (Status s = read(h, body); !s.ok())
+      return {ErrorCode::kProtocol, "no refusal: " + s.to_string()};
+    if (h.type != core::FrameType::kError) return {};
+    engine::ErrorMsg e;
+    if (Status s = engine::decode(body, e); !s.ok()) return s;
+    return {e.code, e.message};
+  }
+  // The engine answered with an Error frame of `code`, then closed.
+  void expect_refusal(ErrorCode code) {
+    Status s = refusal();
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    EXPECT_EQ(read(h, body).code(), ErrorCode::kPeerLost) << "connection closed afterwards";
+  }
+  core::Fd fd;
+};
+
+inline engine::Hello hello_from(uint64_t id, uint64_t incarnation = 1) {
+  engine::Hello h;
+  h.engine_id = id;
+  h.incarnation = incarnation;
+  h.transports = {TransportKind::kTcp};
+  return h;
+}
+
+}  // namespace ferry::test
