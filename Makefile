@@ -1,7 +1,7 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
 .PHONY: bench-python all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
-        test-package test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
+        test-package test-loaded test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
@@ -32,6 +32,11 @@ install: build
 test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
 	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
 	@echo "suites: 10 passed, 0 failed"
+
+# The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
+# depend on timing (run this before resolving anything that touches threads or timeouts).
+test-loaded:
+	@bash scripts/with-cpu-hogs.sh 2 $(MAKE) test
 
 test-release: deps-test
 	cmake --preset release >/dev/null
