@@ -197,7 +197,16 @@ void EngineImpl::deregister(RegionRecord& record) {
     std::lock_guard lock(mu_);
     peers = peers_;
   }
-  for (auto& p : peers) p->link->pool->unwatched();
+  for (auto& p : peers) {
+    p->link->pool->unwatched();
+    // A receive posted into the region and not yet matched would hold it forever.
+    for (OpState* recv : p->link->matcher.take_posted_into(record.id)) {
+      recv->record_error({ErrorCode::kRevoked, "recv tag " + std::to_string(recv->tag) +
+                                                   ": region " + std::to_string(record.id) +
+                                                   " was deregistered while it waited"});
+      recv->finish_posted();
+    }
+  }
   regions_.revoke(record.id);
   for (auto& t : transports_) t->deregister_region(record.id);
 }

@@ -157,4 +157,15 @@ std::vector<OpState*> Matcher::take_posted() {
   return out;
 }
 
+std::vector<OpState*> Matcher::take_posted_into(uint32_t region_id) {
+  std::lock_guard lock(mu_);
+  std::vector<OpState*> out;
+  std::erase_if(posted_, [&](OpState* recv) {
+    bool into = recv->entries[0].local_region == region_id;
+    if (into) out.push_back(recv);
+    return into;
+  });
+  return out;
+}
+
 }  // namespace ferry::transport

@@ -60,6 +60,9 @@ class Matcher {
   // Removes every posted receive (the peer is gone); each still holds the transport reference.
   // Announced messages still arriving go too: their bytes will not come.
   std::vector<OpState*> take_posted();
+  // Removes the posted receives into region `region_id` (it is being deregistered); each still
+  // holds the transport reference. A receive already being filled is not among them.
+  std::vector<OpState*> take_posted_into(uint32_t region_id);
 
   // Fills a receive from a complete message: copies up to its capacity, then settle().
   static void deliver(OpState* recv, const uint8_t* data, uint64_t length);

@@ -200,6 +200,22 @@ TEST(SendRecv, BothDirectionsAndUnexpectedLimit) {
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
 }
 
+TEST(SendRecv, DeregisteringFailsTheReceivesPostedIntoTheRegion) {
+  Pair p;
+  Buffer a(p.initiator, 64, Access::kLocal, 19);
+  std::vector<uint8_t> inbox(64, 0);
+  Region doomed = p.target.register_memory(inbox.data(), inbox.size(), Access::kLocal);
+  Future never = p.target_peer.recv(8, doomed, 0, 64);
+  doomed.deregister();  // returns: the receive no longer holds the region
+  EXPECT_EQ(never.wait(kWait).code(), ErrorCode::kRevoked) << never.status().to_string();
+  // A message for that tag now waits for another receive; the peer is unaffected.
+  ASSERT_TRUE(p.peer.send(8, a.region, 0, 64).wait(kWait).ok());
+  Buffer b(p.target, 64, Access::kLocal, 20);
+  ASSERT_TRUE(p.target_peer.recv(8, b.region, 0, 64).wait(kWait).ok());
+  EXPECT_EQ(b.bytes, a.bytes);
+  EXPECT_TRUE(std::all_of(inbox.begin(), inbox.end(), [](uint8_t x) { return x == 0; }));
+}
+
 TEST(Future, WaitTimesOutThenCompletesAndCallsBack) {
   Pair p;
   Buffer a(p.initiator, 64, Access::kLocal, 17);
