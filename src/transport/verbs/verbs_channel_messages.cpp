@@ -1,0 +1,260 @@
+// VerbsChannel, tagged messages (docs/architecture.md, "Verbs specifics"): eager sends copied
+// out of the shared receive queue, large ones announced (RTS) and moved as CHUNKs or, into a
+// receive that allows it, written by the sender (zero-copy), each ended by FIN.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_channel_parts.hpp"
+
+namespace ferry::transport::verbs {
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+void VerbsChannel::send_message(OutMsg msg) {
+  Lane& lane = *lanes_[0];
+  std::lock_guard lock(lane.mu);
+  if (lane.dead) return;  // closing: the close path fails what waits on it
+  lane.outbox.push_back(std::move(msg));
+  pump_locked(lane, 0);
+}
+
+void VerbsChannel::post_send_op(OpState* op) {
+  const OpEntry& e = op->entries.front();
+  OutMsg msg;
+  msg.header.tag = op->tag;
+  msg.header.id = op->id.load(std::memory_order_relaxed);
+  op->pending.store(1);  // the receiver's ACK, or for an announced message the FIN's delivery
+  op->ack_due.store(true);
+  if (e.length <= kMessagePayload) {
+    msg.header.type = MsgType::kEager;
+    msg.payload = e.local;
+    msg.payload_length = static_cast<uint32_t>(e.length);
+    msg.payload_lkey = dev_.lkey(e.local_region);
+  } else {
+    msg.header.type = MsgType::kRts;
+    msg.header.a = e.length;
+    std::lock_guard lock(msg_mu_);
+    awaiting_cts_.insert(msg.header.id);
+  }
+  send_message(std::move(msg));
+}
+
+void VerbsChannel::ack(uint64_t sender_op, const Status& status) {
+  OutMsg msg;
+  msg.header.type = MsgType::kAck;
+  msg.header.id = sender_op;
+  msg.header.status = static_cast<uint16_t>(status.code());
+  if (!status.ok()) msg.text = status.message();
+  send_message(std::move(msg));
+}
+
+void VerbsChannel::protocol_error(const std::string& what) {
+  close({ErrorCode::kProtocol, "verbs message from the peer: " + what});
+}
+
+void VerbsChannel::handle_message(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  switch (h.type) {
+    case MsgType::kEager:
+      return on_eager(h, payload, length);
+    case MsgType::kRts:
+      return on_rts(h);
+    case MsgType::kCts:
+      return on_cts(h);
+    case MsgType::kChunk:
+      return on_chunk(h, payload, length);
+    case MsgType::kFin:
+      return on_fin(h);
+    case MsgType::kAck:
+      return on_ack(h, payload, length);
+  }
+}
+
+void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  Matcher::Arrival a = link_->matcher.arrive(h.tag, length);
+  if (!a.error.ok()) {
+    ack(h.id, a.error);
+    return;
+  }
+  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  if (a.recv == nullptr) {
+    if (length > 0) std::memcpy(a.buffer.data(), payload, length);
+    ack(h.id, {});
+    link_->matcher.commit(h.tag, std::move(a.buffer));
+    return;
+  }
+  uint64_t capacity = a.recv->entries[0].length;
+  // The ACK goes out before the receiver can run: anything it sends next follows it.
+  ack(h.id, length > capacity ? Matcher::truncated_send(h.tag, capacity) : Status());
+  Matcher::deliver(a.recv, payload, length);
+  a.recv->finish_posted();
+}
+
+void VerbsChannel::on_rts(const MsgHeader& h) {
+  if (h.a <= kMessagePayload || h.a > UINT32_MAX) {
+    return protocol_error("RTS for a message of " + std::to_string(h.a) + " bytes");
+  }
+  auto staged = std::make_shared<Staged>();
+  Status refused;
+  OpState* recv = link_->matcher.announce(h.tag, h.a, staged, refused);
+  if (!refused.ok()) {
+    ack(h.id, refused);
+  } else if (recv != nullptr) {
+    start_incoming(recv, nullptr, h.id, h.a);
+  } else {
+    // Bounded by max_unexpected_bytes, as over TCP. A receive matching it now waits for FIN,
+    // which comes only after CTS: nothing reads `data` before it is sized.
+    staged->data.resize(h.a);
+    start_incoming(nullptr, std::move(staged), h.id, h.a);
+  }
+}
+
+void VerbsChannel::start_incoming(OpState* recv, std::shared_ptr<Staged> staged, uint64_t sender_op,
+                                  uint64_t length) {
+  uint64_t capacity = length;
+  bool zero_copy = false;
+  OutMsg cts;
+  cts.header.type = MsgType::kCts;
+  cts.header.id = sender_op;
+  if (recv != nullptr) {
+    const OpEntry& dst = recv->entries[0];
+    capacity = std::min(length, dst.length);
+    // Zero-copy only where the user allowed it (the peer learns the region's rkey) and into a
+    // region whose owner granted remote write: the NIC refuses others.
+    uint32_t rkey = dev_.rkey(dst.local_region);
+    zero_copy = zero_copy_receives_ && !recv->leases.empty() &&
+                allows(recv->leases.front()->access, Access::kRemoteWrite) && rkey != 0;
+    if (zero_copy) {
+      cts.header.a = reinterpret_cast<uint64_t>(dst.local);
+      cts.header.rkey = rkey;
+    }
+  }
+  {
+    std::lock_guard lock(msg_mu_);
+    cts.header.b = ++next_token_;
+    incoming_[cts.header.b] = Incoming{recv, std::move(staged), length, capacity, 0, zero_copy};
+  }
+  cts.header.c = capacity;
+  send_message(std::move(cts));
+}
+
+void VerbsChannel::on_cts(const MsgHeader& h) {
+  {
+    std::lock_guard lock(msg_mu_);
+    if (awaiting_cts_.erase(h.id) == 0) return protocol_error("CTS for no announced message");
+  }
+  OpState* op = link_->pool->lookup(h.id);
+  if (op == nullptr || op->kind != OpKind::kSend) return protocol_error("CTS for no send");
+  OpEntry& e = op->entries.front();
+  if (h.c > e.length) return protocol_error("CTS capacity beyond the message");
+  // The receiver took the message: it sends no ACK (one now is a protocol error), the FIN's
+  // delivery completes the send (finish_announced).
+  op->ack_due.store(false);
+  op->peer_token = h.b;
+  op->zero_copy = h.a != 0;
+  e.length = h.c;  // the receiver takes no more; FIN tells it the whole length
+  e.remote_addr = h.a;
+  e.remote_key = h.rkey;
+  op->slice_bytes = op->zero_copy ? kZeroCopySlice : kMessagePayload;
+  uint64_t slices = h.c > 0 ? slice_count(h.c, op->slice_bytes) : 0;
+  op->pending.fetch_add(static_cast<int64_t>(slices));
+  op->lane_count = 1;
+  op->first_lane = 0;
+  op->lanes[0] = {0, 0, slices};
+  Lane& lane = *lanes_[0];
+  std::lock_guard lock(lane.mu);
+  if (lane.dead) return;
+  if (slices == 0) {
+    lane.outbox.push_back(fin_of(op));
+  } else {
+    append_locked(lane, 0, op);
+  }
+  pump_locked(lane, 0);
+}
+
+void VerbsChannel::finish_announced(OpState* op) {
+  // The FIN is delivered: RC placed every byte before it. A smaller receive took a prefix (CTS
+  // said how much), which the receiver reports as truncated too.
+  uint64_t taken = op->entries.front().length;
+  uint64_t length = op->bytes.load(std::memory_order_relaxed);
+  if (taken < length) op->record_error(Matcher::truncated_send(op->tag, taken));
+  link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+  op->finish_posted();
+}
+
+void VerbsChannel::on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  std::lock_guard lock(msg_mu_);
+  auto it = incoming_.find(h.id);
+  if (it == incoming_.end() || it->second.zero_copy) {
+    return protocol_error("CHUNK for no message being received");
+  }
+  Incoming& in = it->second;
+  if (h.a > in.capacity || length > in.capacity - h.a) {
+    return protocol_error("CHUNK beyond the receive buffer");
+  }
+  uint8_t* dst = in.recv != nullptr ? in.recv->entries[0].local : in.staged->data.data();
+  std::memcpy(dst + h.a, payload, length);
+  in.received += length;
+}
+
+void VerbsChannel::on_fin(const MsgHeader& h) {
+  Incoming in{};
+  {
+    std::lock_guard lock(msg_mu_);
+    auto it = incoming_.find(h.id);
+    if (it == incoming_.end()) return protocol_error("FIN for no message being received");
+    in = it->second;
+    incoming_.erase(it);
+  }
+  if (h.a != in.length || (!in.zero_copy && in.received != in.capacity)) {
+    return protocol_error("FIN does not match the message");
+  }
+  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  if (in.staged) return finish_staged(in);
+  if (in.zero_copy) link_->verbs_messages.zero_copy.fetch_add(1, std::memory_order_relaxed);
+  // No ACK: the sender learnt any truncation from CTS, and its FIN's delivery completes it.
+  Matcher::settle(in.recv, in.length);
+  in.recv->finish_posted();
+}
+
+void VerbsChannel::finish_staged(const Incoming& in) {
+  Staged& st = *in.staged;
+  OpState* recv;
+  {
+    std::lock_guard lock(st.mu);
+    st.complete = true;
+    recv = st.recv;
+  }
+  // Still queued: it becomes a buffered message. Taken meanwhile: matched() saw `complete` and
+  // delivers (or already waits for it, here). Either way its reservation ends.
+  if (recv == nullptr && link_->matcher.fulfil(&st, st.data)) return;
+  link_->matcher.release(in.length);
+  if (recv != nullptr) {
+    Matcher::deliver(recv, st.data.data(), st.data.size());
+    recv->finish_posted();
+  }
+}
+
+void VerbsChannel::on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  {
+    std::lock_guard lock(msg_mu_);
+    awaiting_cts_.erase(h.id);  // refused before it was fetched
+  }
+  OpState* op = link_->pool->lookup(h.id);
+  // One ACK per message: a second one would complete an op that may still be posting.
+  if (op == nullptr || op->kind != OpKind::kSend || !op->ack_due.exchange(false)) {
+    return protocol_error("ACK for no message sent");
+  }
+  auto code = static_cast<ErrorCode>(h.status);
+  if (code != ErrorCode::kOk) {
+    op->record_error({code, std::string(reinterpret_cast<const char*>(payload), length)});
+  }
+  if (code == ErrorCode::kOk || code == ErrorCode::kTruncated) {
+    link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (op->finish_slices(1)) op->finish_posted();
+}
+
+}  // namespace ferry::transport::verbs

@@ -1,0 +1,79 @@
+// What the two halves of VerbsChannel share: verbs_channel.cpp (set-up, one-sided posting,
+// completions, closing) and verbs_channel_messages.cpp (tagged messages: eager, rendezvous,
+// zero-copy). Private to the verbs transport.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/ring.hpp"
+#include "transport/matcher.hpp"
+#include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_device.hpp"
+#include "transport/verbs/verbs_message.hpp"
+
+namespace ferry::transport::verbs {
+
+// Payload one eager SEND or CHUNK carries: what fits a receive buffer after the header.
+constexpr uint32_t kMessagePayload = VerbsDevice::kRecvSlotBytes - MsgHeader::kSize;
+// Zero-copy slices of a large message: the engine's default slice, which reached line rate for
+// writes (docs/performance.md), and within every device's largest message (rxe: 8 MiB).
+constexpr uint64_t kZeroCopySlice = 1 << 20;
+
+// A message waiting for a send-queue slot on lane 0.
+struct VerbsChannel::OutMsg {
+  MsgHeader header;
+  const uint8_t* payload = nullptr;  // EAGER: the user's bytes (registered)
+  uint32_t payload_length = 0;
+  uint32_t payload_lkey = 0;
+  std::string text;              // ACK: the error's text
+  OpState* completes = nullptr;  // FIN: the send its delivery completes
+};
+
+// A large message arriving while no receive is posted: its bytes go into `data`; a receive
+// that matches it meanwhile waits for them.
+struct VerbsChannel::Staged final : Rendezvous {
+  void matched(OpState* r) override {
+    {
+      std::lock_guard lock(mu);
+      if (!complete) {
+        recv = r;  // FIN delivers
+        return;
+      }
+    }
+    Matcher::deliver(r, data.data(), data.size());
+    r->finish_posted();
+  }
+  std::mutex mu;
+  bool complete = false;      // guarded by mu
+  OpState* recv = nullptr;    // guarded by mu
+  std::vector<uint8_t> data;  // sized before CTS, filled by CHUNKs
+};
+
+struct VerbsChannel::Lane {
+  // No member initialisers: pump_locked keeps an array of these on the stack per post.
+  struct Signaled {
+    OpState* op;
+    uint32_t slices;  // op slices this completion accounts for
+    uint32_t wrs;     // send-queue slots it frees
+    bool imm;         // carried the op's immediate: the op is complete, nothing follows
+  };
+  ibv_qp* qp = nullptr;
+  std::mutex mu;
+  int sq_free = 0;
+  OpState* head = nullptr;  // ops with slices still to post on this lane
+  OpState* tail = nullptr;
+  std::vector<OpState*> imm_pending;  // ops whose notification waits for a free slot
+  core::Ring<OutMsg> outbox;          // messages waiting for a free slot (lane 0)
+  core::Ring<Signaled> signaled;      // in posting order; RC completes them in that order
+  uint64_t posted = 0;                // requests posted so far: picks the next header slot
+  bool dead = false;                  // in error or draining: post nothing more
+  // The template for a lone small operation (post_single_locked): built once, only the
+  // operation's own fields change per post.
+  ibv_send_wr single_wr{};
+  ibv_sge single_sge{};
+};
+
+}  // namespace ferry::transport::verbs
