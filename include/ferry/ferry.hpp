@@ -94,6 +94,11 @@ struct Config {
   // A peer silent for this long is declared lost and its operations fail with kPeerLost.
   Duration peer_timeout = std::chrono::seconds(10);
   Duration connect_timeout = std::chrono::seconds(10);
+  // write_with_imm notifications waiting for next_imm(), per peer and in all. A peer whose
+  // notification finds either full is closed with kResourceExhausted (its operations fail):
+  // the application is not taking them, and they must not be dropped silently.
+  std::size_t max_queued_imms = 1 << 16;
+  std::size_t max_queued_imms_total = 1 << 20;
   // Bytes of unmatched incoming send() messages buffered per peer before refusing more.
   std::size_t max_unexpected_bytes = 64 << 20;
 
@@ -279,6 +284,9 @@ class FERRY_API Peer {
 struct ImmEvent {
   uint64_t peer_engine_id = 0;
   uint32_t imm = 0;
+  // The connection the notification arrived on (the engine id is what that peer claimed; with
+  // a secret, what it proved).
+  Peer peer{};
 };
 
 // What an engine holds now and what it refused (Engine::stats()).

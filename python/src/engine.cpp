@@ -118,6 +118,10 @@ void bind_engine(nb::module_& m) {
   nb::class_<ImmEvent>(m, "ImmEvent", "A write_with_imm notification.")
       .def_ro("peer_engine_id", &ImmEvent::peer_engine_id)
       .def_ro("imm", &ImmEvent::imm)
+      .def_prop_ro(
+          "peer_address", [](const ImmEvent& e) { return e.peer.address(); },
+          "Where the connection it arrived on comes from.")
+      .def_prop_ro("peer_incarnation", [](const ImmEvent& e) { return e.peer.incarnation(); })
       .def("__repr__", [](const ImmEvent& e) {
         return "ImmEvent(peer_engine_id=" + std::to_string(e.peer_engine_id) +
                ", imm=" + std::to_string(e.imm) + ")";

@@ -100,6 +100,8 @@ def test_write_with_imm_notifies_after_every_byte(pair):
         event = pair.target.next_imm(WAIT)
         assert event is not None
         assert event.peer_engine_id == pair.initiator.id
+        assert event.peer_incarnation == pair.initiator.incarnation
+        assert event.peer_address == pair.target_peer.address
         assert (ring[event.imm] == event.imm + 1).all()
         seen.append(event.imm)
     assert sorted(seen) == list(range(16))

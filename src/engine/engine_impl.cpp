@@ -113,17 +113,39 @@ EngineImpl::~EngineImpl() { shutdown(); }
 
 void EngineImpl::start() { listener_->start(); }
 
-void EngineImpl::deliver_imm(uint64_t peer_engine_id, uint32_t imm) {
+void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
+  auto peer = std::static_pointer_cast<PeerImpl>(link.owner.lock());
+  ImmEvent event{link.remote_engine_id, imm, peer ? Peer(peer) : Peer()};
   std::unique_lock lock(imm_mu_);
   if (imm_callback_) {
     auto fn = imm_callback_;
     lock.unlock();
-    fn(ImmEvent{peer_engine_id, imm});
+    fn(event);
     return;
   }
-  imms_.push_back(ImmEvent{peer_engine_id, imm});
+  if (peer && (peer->queued_imms.load() >= config.max_queued_imms ||
+               imms_.size() >= config.max_queued_imms_total)) {
+    lock.unlock();
+    peer->close({ErrorCode::kResourceExhausted,
+                 "write_with_imm notifications from " + peer->address +
+                     " are not being taken: " + std::to_string(peer->queued_imms.load()) +
+                     " of this peer and " + std::to_string(imms_.size()) +
+                     " in all wait for next_imm() (max_queued_imms " +
+                     std::to_string(config.max_queued_imms) + ", max_queued_imms_total " +
+                     std::to_string(config.max_queued_imms_total) + ")"});
+    return;
+  }
+  if (peer) peer->queued_imms.fetch_add(1);
+  imms_.push_back(std::move(event));
   lock.unlock();
   imm_cv_.notify_one();
+}
+
+ImmEvent EngineImpl::pop_imm_locked() {
+  ImmEvent e = std::move(imms_.front());
+  imms_.pop_front();
+  if (e.peer.impl_) e.peer.impl_->queued_imms.fetch_sub(1);
+  return e;
 }
 
 std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
@@ -132,19 +154,17 @@ std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
       imms_.empty()) {
     return std::nullopt;
   }
-  ImmEvent e = imms_.front();
-  imms_.pop_front();
-  return e;
+  return pop_imm_locked();
 }
 
 void EngineImpl::on_imm(std::function<void(const ImmEvent&)> fn) {
-  std::deque<ImmEvent> queued;
+  std::vector<ImmEvent> queued;
   std::function<void(const ImmEvent&)> deliver;
   {
     std::lock_guard lock(imm_mu_);
     imm_callback_ = std::move(fn);
     if (imm_callback_) {
-      queued.swap(imms_);
+      while (!imms_.empty()) queued.push_back(pop_imm_locked());
       deliver = imm_callback_;
     }
   }
@@ -334,9 +354,8 @@ Status EngineImpl::create_peer(const engine::Hello& hello, const std::string& ad
                                TransportKind transport, core::Fd& control,
                                std::shared_ptr<PeerImpl>& out) {
   if (stopping_.load()) return {ErrorCode::kCancelled, "engine shut down"};
-  out = std::make_shared<PeerImpl>(shared_from_this(),
-                                   engine::Identity{hello.engine_id, hello.incarnation}, address,
-                                   transport, true, std::move(control));
+  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation}, address,
+                         transport, true, std::move(control));
   out->channel = make_channel(out, config.tcp_streams);
   return {};
 }
@@ -425,8 +444,8 @@ Peer EngineImpl::connect(std::string_view host_port) {
   }
 
   int control = fd.get();
-  auto peer = std::make_shared<PeerImpl>(shared_from_this(), them, where.to_string(), ack.transport,
-                                         false, std::move(fd));
+  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), ack.transport, false,
+                               std::move(fd));
   peer->channel = make_channel(peer, ack.streams);
   if (ack.transport == TransportKind::kVerbs) {
     if (Status s = connect_verbs(peer, control, deadline); !s.ok()) {
@@ -529,6 +548,11 @@ void EngineImpl::shutdown() {
     peers_.clear();
     joining_.clear();
     accepted_.clear();
+  }
+  {
+    std::lock_guard lock(imm_mu_);  // queued events hold their peers, which hold this engine
+    imms_.clear();
+    imm_callback_ = nullptr;
   }
   accept_cv_.notify_all();
   imm_cv_.notify_all();

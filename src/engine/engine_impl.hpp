@@ -54,7 +54,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // transport::Host
   transport::RegionTable& regions() override { return regions_; }
   core::Reactor& reactor() override { return *reactor_; }
-  void deliver_imm(uint64_t peer_engine_id, uint32_t imm) override;
+  void deliver_imm(transport::PeerLink& link, uint32_t imm) override;
 
   Region register_memory(void* data, std::size_t length, Access access);
   void deregister(RegionRecord& record);
@@ -102,6 +102,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 
  private:
+  // Takes the oldest queued notification (imm_mu_ held).
+  ImmEvent pop_imm_locked();
   // Peers and peers still joining (mu_ held).
   std::size_t peer_count_locked() const { return peers_.size() + joining_.size(); }
 

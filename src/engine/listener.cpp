@@ -430,7 +430,7 @@ void Listener::fail(Handshake& h, const Status& why) {
   refused_.fetch_add(1, std::memory_order_relaxed);
   // Forgotten before the refusal goes out, so a client reading it sees the counts updated.
   int sock = h.sock;
-  bool reply = h.out.empty();  // else a reply is half sent: an error frame would garble it
+  bool reply = h.out.empty();     // else a reply is half sent: an error frame would garble it
   core::Fd fd = std::move(h.fd);  // closed on return, after the refusal
   // A peer this handshake created owns the control connection; closing it closes that. A
   // stream's peer belongs to another connection: only the stream goes.

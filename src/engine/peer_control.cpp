@@ -123,6 +123,15 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
   control_->heard();
 }
 
+std::shared_ptr<PeerImpl> PeerImpl::create(std::shared_ptr<EngineImpl> eng,
+                                           const engine::Identity& remote, std::string addr,
+                                           TransportKind kind, bool from_peer, core::Fd control) {
+  auto peer = std::make_shared<PeerImpl>(std::move(eng), remote, std::move(addr), kind, from_peer,
+                                         std::move(control));
+  peer->link->owner = peer;
+  return peer;
+}
+
 void PeerImpl::start_control() {
   control_->peer = weak_from_this();
   control_->loop = engine->reactor().pick_loop();

@@ -42,6 +42,9 @@ struct PreparedImpl {
 class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
  public:
   // `incoming`: the peer connected to us (it claimed its identity); else we dialled it.
+  static std::shared_ptr<PeerImpl> create(std::shared_ptr<EngineImpl> engine,
+                                          const engine::Identity& remote, std::string address,
+                                          TransportKind transport, bool incoming, core::Fd control);
   PeerImpl(std::shared_ptr<EngineImpl> engine, const engine::Identity& remote, std::string address,
            TransportKind transport, bool incoming, core::Fd control);
 
@@ -77,6 +80,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   std::shared_ptr<transport::tcp::TcpChannel> channel;    // control-adjacent streams, send/recv
   std::shared_ptr<transport::verbs::VerbsChannel> verbs;  // one-sided ops, when chosen
   std::atomic<bool> lost{false};
+  std::atomic<std::size_t> queued_imms{0};  // its notifications waiting for next_imm()
   std::atomic<int> open_channels{0};
 
  private:

@@ -21,13 +21,15 @@
 
 namespace ferry::transport {
 
+struct PeerLink;
+
 // What the engine lends its transports.
 class Host {
  public:
   virtual RegionTable& regions() = 0;
   virtual core::Reactor& reactor() = 0;
-  // A write_with_imm from `peer_engine_id` is fully visible in our memory.
-  virtual void deliver_imm(uint64_t peer_engine_id, uint32_t imm) = 0;
+  // A write_with_imm that came over `link` is fully visible in our memory.
+  virtual void deliver_imm(PeerLink& link, uint32_t imm) = 0;
 
  protected:
   ~Host() = default;
@@ -47,6 +49,7 @@ struct PeerLink {
         pool(std::make_shared<OpPool>()),
         matcher(max_unexpected_bytes) {}
   uint64_t remote_engine_id;
+  std::weak_ptr<void> owner;  // the engine's object for this peer: where notifications came from
   std::shared_ptr<OpPool> pool;
   Matcher matcher;
   MessageCounters tcp_messages;

@@ -124,6 +124,30 @@ TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
   EXPECT_EQ(last.load(), 119u);
 }
 
+TEST(WriteWithImm, APeerWhoseNotificationsAreNotTakenIsClosed) {
+  Config tc = test_config();
+  tc.max_queued_imms = 5;
+  Pair p(tc);
+  Buffer local(p.initiator, 64, Access::kLocal, 11);
+  Buffer remote(p.target, 64, Access::kRemoteWrite, 12);
+  Descriptor d = remote.region.descriptor();
+  Transfer t{&local.region, 0, &d, 0, 64};
+  for (uint32_t i = 0; i < 5; ++i) ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, i).wait(kWait).ok());
+  // The sixth finds the peer's queue full: the peer is closed, loudly.
+  (void)p.peer.write_with_imm({&t, 1}, 5).wait(kWait);
+  auto deadline = Clock::now() + kWait;
+  while (p.target_peer.connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(p.target_peer.connected());
+  // What was queued before stays receivable, in order.
+  for (uint32_t i = 0; i < 5; ++i) {
+    auto ev = p.target.next_imm(kWait);
+    ASSERT_TRUE(ev.has_value());
+    EXPECT_EQ(ev->imm, i);
+  }
+  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value());
+}
+
 TEST(Prepared, PostsTheBatchAgainAndAgain) {
   Config c = test_config();
   c.tcp_streams = 2;

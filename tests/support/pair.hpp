@@ -148,6 +148,9 @@ inline void expect_imm_after_every_byte(Pair& p, uint64_t len, uint32_t first_im
     ASSERT_TRUE(ev.has_value());
     EXPECT_EQ(ev->imm, first_imm + round);
     EXPECT_EQ(ev->peer_engine_id, p.initiator.id());
+    // Named by the connection it came on, not only by the id that peer claimed.
+    EXPECT_EQ(ev->peer.incarnation(), p.initiator.incarnation());
+    EXPECT_EQ(ev->peer.address(), p.target_peer.address());
     // Before the initiator's future completes.
     ASSERT_EQ(0, std::memcmp(local.bytes.data(), remote.bytes.data(), len)) << round;
     ASSERT_TRUE(f.wait(kWait).ok());

@@ -255,7 +255,7 @@ void TcpChannel::imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm,
       }
     }
   }
-  if (deliver) host_.deliver_imm(link_->remote_engine_id, imm);
+  if (deliver) host_.deliver_imm(*link_, imm);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -715,7 +715,7 @@ void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
     return;
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-    host_.deliver_imm(link_->remote_engine_id, ntohl(wc.imm_data));
+    host_.deliver_imm(*link_, ntohl(wc.imm_data));
   } else if (wc.opcode == IBV_WC_RECV) {
     const uint8_t* data = dev_.slot_data(slot);
     uint32_t length = std::min(wc.byte_len, VerbsDevice::kRecvSlotBytes);
