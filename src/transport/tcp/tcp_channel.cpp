@@ -170,6 +170,7 @@ Status TcpChannel::attach(int index, core::Fd fd) {
 
 PostResult TcpChannel::post(OpState* op) {
   PostResult result = PostResult::kAccepted;
+  Status failed;
   int n = static_cast<int>(streams_.size());
   for (int lane = 0; lane < op->lane_count; ++lane) {
     Stream& s = *streams_[static_cast<std::size_t>((op->first_lane + lane) % n)];
@@ -177,11 +178,13 @@ PostResult TcpChannel::post(OpState* op) {
     if (s.closed) continue;  // closing: the close path fails the op
     s.enqueue_locked(op);
     if (Status st = s.flush_locked(); !st.ok()) {
-      close(st);
+      if (failed.ok()) failed = st;
       continue;
     }
     if (s.queue_head != nullptr) result = PostResult::kQueued;
   }
+  // Never under a send lock: close() takes close_mu_, which comes first (see attach()).
+  if (!failed.ok()) close(failed);
   return result;
 }
 
