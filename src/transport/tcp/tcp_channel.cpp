@@ -4,8 +4,11 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 
 #include "core/sys.hpp"
@@ -19,8 +22,15 @@ namespace {
 // Frames handed to one writev. 64 covers a full window of 64 KiB slices plus acks; more did not
 // raise loopback bandwidth (docs/performance.md).
 constexpr int kMaxStaged = 64;
-// Staging buffer for small frames; one recv drains many acks or small writes at once.
+// Staging buffer for small frames; one recv drains many acks or small writes at once. It starts
+// at kRecvBufferInitial and doubles, up to kRecvBufferBytes, whenever a recv fills it: an idle
+// or quiet stream holds little, a busy one soon drains a whole window per recv.
+constexpr std::size_t kRecvBufferInitial = 16 << 10;
 constexpr std::size_t kRecvBufferBytes = 256 << 10;
+// An unmatched message's buffer: allocated when its first bytes arrive, at this size or its
+// length if smaller, then at most doubled each time it is full, up to the length its header
+// announced. What a peer makes us allocate stays within twice what it really sent.
+constexpr std::size_t kMessageBufferInitial = 16 << 10;
 // Payload left at or above this is received straight into its destination, skipping the copy.
 constexpr std::size_t kDirectRecvMin = 16 << 10;
 // recv calls per readiness event before yielding to the loop's other sockets.
@@ -60,7 +70,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   bool stopped = false;                      // loop thread only
 
   // ---- receive side: loop thread only ----
-  std::vector<uint8_t> rbuf = std::vector<uint8_t>(kRecvBufferBytes);
+  std::vector<uint8_t> rbuf = std::vector<uint8_t>(kRecvBufferInitial);
   std::size_t rpos = 0, rend = 0;
   bool in_payload = false;
   FrameHeader cur;
@@ -70,9 +80,11 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status frame_error;         // why the current inbound frame is refused
   RegionUse frame_use;        // target region of the current kWrite
   OpState* frame_op = nullptr;
-  std::vector<uint8_t> frame_text;
-  std::vector<uint8_t> frame_buffer;  // unexpected send() message
-  uint64_t frame_copied = 0;
+  std::vector<uint8_t> frame_text;    // error text: at most core::kMaxErrorText bytes
+  std::vector<uint8_t> frame_buffer;  // unexpected send() message, grown as its bytes arrive
+  uint64_t frame_copied = 0;          // bytes of it received
+  bool sink_grows = false;            // sink is frame_buffer (see sink_room)
+  bool frame_counted = false;         // the matcher counts the message until commit or abandon
   bool need_flush = false;
   bool last_payload_large = false;
 
@@ -111,6 +123,8 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
+  std::size_t sink_room(std::size_t n);
+  void sank(std::size_t n);
   void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
                RegionSlot* lease = nullptr);
   void fail(const Status& reason);
@@ -211,6 +225,33 @@ void TcpChannel::close(const Status& reason) {
 
 void TcpChannel::stop_after_reactor() {
   for (auto& s : streams_) s->stop();
+}
+
+std::vector<TcpChannel::StreamUsage> TcpChannel::usage() {
+  std::vector<StreamUsage> out(streams_.size());
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    std::shared_ptr<Stream> s = streams_[i];
+    {
+      std::lock_guard lock(close_mu_);
+      if (!s->attached) continue;
+    }
+    auto answer = std::make_shared<std::promise<StreamUsage>>();
+    std::future<StreamUsage> answered = answer->get_future();
+    host_.reactor().post(s->loop, [s, answer] {
+      StreamUsage u;
+      if (!s->stopped) {
+        u.receive_buffer = s->rbuf.capacity();
+        u.message_buffer = s->frame_buffer.capacity();
+        u.message_bytes = s->sink_grows ? s->frame_copied : 0;
+      }
+      answer->set_value(u);
+    });
+    // A loop that does not answer has stopped (the reactor keeps its queued tasks unrun).
+    if (answered.wait_for(std::chrono::seconds(10)) == std::future_status::ready) {
+      out[i] = answered.get();
+    }
+  }
+  return out;
 }
 
 void TcpChannel::stream_stopped() {
@@ -476,6 +517,7 @@ Status TcpChannel::Stream::begin_frame() {
   frame_error = {};
   frame_op = nullptr;
   frame_copied = 0;
+  sink_grows = false;
   uint64_t payload = core::payload_length(cur);
   bool error_text = cur.status != 0 && payload > 0;
 
@@ -513,7 +555,7 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kReadData: {
       if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
       if (error_text) {
-        frame_text.resize(payload);
+        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
         sink = frame_text.data();
         sink_left = payload;
         return {};
@@ -535,7 +577,7 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kSendAck: {
       OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
       if (Status st = lookup_reply_op(kind); !st.ok()) return st;
-      frame_text.resize(payload);
+      frame_text.resize(payload);  // error text: decode_header allows at most kMaxErrorText
       sink = frame_text.data();
       sink_left = payload;
       return {};
@@ -552,7 +594,10 @@ Status TcpChannel::Stream::begin_frame() {
         sink_left = payload < dst.length ? payload : dst.length;
         discard_left = payload - sink_left;
       } else {
-        frame_buffer = std::move(a.buffer);
+        // Counted by the matcher; nothing is allocated until bytes arrive (sink_room).
+        frame_counted = true;
+        frame_buffer.clear();
+        sink_grows = true;
         sink = frame_buffer.data();
         sink_left = payload;
       }
@@ -617,7 +662,8 @@ Status TcpChannel::Stream::end_frame() {
       if (frame_op != nullptr) {
         Matcher::settle(frame_op, cur.length);
         frame_op->finish_posted();
-      } else if (st.ok()) {
+      } else if (frame_counted) {
+        frame_counted = false;
         ch.link_->matcher.commit(cur.key, std::move(frame_buffer));
         frame_buffer = {};
       }
@@ -633,9 +679,8 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   // Receive straight into the destination when much of the payload is still to come.
   if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
     std::size_t got = 0;
-    Status st = recv_into(sink, sink_left, got, would_block);
-    sink += got;
-    sink_left -= got;
+    Status st = recv_into(sink, sink_room(sink_left), got, would_block);
+    sank(got);
     return st;
   }
   if (rpos == rend) {
@@ -654,7 +699,35 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   std::size_t got = 0;
   Status st = recv_into(rbuf.data() + rend, want, got, would_block);
   rend += got;
+  if (got > 0 && rend == rbuf.size() && rbuf.size() < kRecvBufferBytes) {
+    std::size_t size = std::min(rbuf.size() * 2, kRecvBufferBytes);
+    rbuf.reserve(size);
+    rbuf.resize(size);
+  }
   return st;
+}
+
+// Room at `sink` for up to `n` more bytes of the current frame's payload (n <= sink_left). An
+// unmatched message's buffer grows only here, once it is full, as its bytes arrive.
+std::size_t TcpChannel::Stream::sink_room(std::size_t n) {
+  if (!sink_grows) return n;
+  std::size_t room = frame_buffer.size() - frame_copied;
+  if (room == 0) {
+    std::size_t length = frame_copied + sink_left;  // announced by the header
+    std::size_t size = std::min(std::max(frame_buffer.size() * 2, kMessageBufferInitial), length);
+    frame_buffer.reserve(size);  // exactly this much: no doubling of capacity behind our back
+    frame_buffer.resize(size);
+    sink = frame_buffer.data() + frame_copied;
+    room = size - frame_copied;
+  }
+  return n < room ? n : room;
+}
+
+// `n` bytes were placed at `sink`.
+void TcpChannel::Stream::sank(std::size_t n) {
+  sink += n;
+  sink_left -= n;
+  if (sink_grows) frame_copied += n;
 }
 
 Status TcpChannel::Stream::recv_into(uint8_t* dst, std::size_t len, std::size_t& got,
@@ -696,11 +769,10 @@ void TcpChannel::Stream::on_event(uint32_t events) {
         last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
       }
       std::size_t avail = rend - rpos;
-      if (sink_left > 0 && avail > 0) {
-        std::size_t n = avail < sink_left ? avail : static_cast<std::size_t>(sink_left);
+      while (sink_left > 0 && avail > 0) {
+        std::size_t n = sink_room(avail < sink_left ? avail : static_cast<std::size_t>(sink_left));
         std::memcpy(sink, rbuf.data() + rpos, n);
-        sink += n;
-        sink_left -= n;
+        sank(n);
         rpos += n;
         avail -= n;
       }
@@ -751,6 +823,10 @@ void TcpChannel::Stream::stop() {
     queue_head = queue_tail = nullptr;
   }
   frame_use.release();
+  if (frame_counted) {  // its bytes will not come
+    frame_counted = false;
+    ch.link_->matcher.abandon(core::payload_length(cur));
+  }
   ch.host_.reactor().retire(loop, std::move(keep_channel));
   ch.stream_stopped();
 }
