@@ -33,8 +33,18 @@ constexpr std::size_t kRecvBufferBytes = 256 << 10;
 constexpr std::size_t kMessageBufferInitial = 16 << 10;
 // Payload left at or above this is received straight into its destination, skipping the copy.
 constexpr std::size_t kDirectRecvMin = 16 << 10;
-// recv calls per readiness event before yielding to the loop's other sockets.
+// A stream's work per wake-up, before it yields to the loop's other sockets, so that one
+// flooding peer cannot monopolise a progress thread: at most this many recv calls (each at most
+// the staging buffer, or what the socket holds of one large payload)...
 constexpr int kRecvCallsPerEvent = 16;
+// ...and this many frames. Frames left in the staging buffer are taken up by a task posted to
+// the loop, behind the other sockets' events.
+constexpr int kFramesPerEvent = 256;
+// Responses (acks, read data) a stream queues for its peer before it stops reading from it: a
+// peer that asks faster than it reads the answers is not read until they drain to half. At
+// least this many, and twice the requests a peer of our configuration keeps in flight, so
+// that two honest peers never both stop reading.
+constexpr std::size_t kMinResponseLimit = 1024;
 // Unfinished write_with_imm operations a peer may have open at once on this connection.
 constexpr std::size_t kMaxImmInProgress = 1 << 16;
 
@@ -59,7 +69,12 @@ struct Response {
 };
 
 struct TcpChannel::Stream final : core::Reactor::Handler {
-  Stream(TcpChannel& channel, int index) : ch(channel), index(index) {}
+  Stream(TcpChannel& channel, int index)
+      : ch(channel),
+        index(index),
+        response_limit(std::max(kMinResponseLimit,
+                                2 * static_cast<std::size_t>(std::max(
+                                        channel.options_.slices_in_flight_per_stream, 1)))) {}
 
   TcpChannel& ch;
   const int index;
@@ -87,11 +102,16 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   bool frame_counted = false;         // the matcher counts the message until commit or abandon
   bool need_flush = false;
   bool last_payload_large = false;
+  std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
 
   // ---- send side: guarded by send_mu ----
   std::mutex send_mu;
   bool closed = false;
   bool want_out = false;
+  uint32_t armed = EPOLLIN | EPOLLRDHUP;  // events registered with the loop
+  // Responses over response_limit: the loop reads no new frame (written under send_mu).
+  std::atomic<bool> read_paused{false};
+  const std::size_t response_limit;
   OpState* queue_head = nullptr;
   OpState* queue_tail = nullptr;
   core::Ring<Response> responses;
@@ -113,12 +133,17 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   void enqueue_locked(OpState* op);
   bool stage_more_locked();
   Status flush_locked();
+  Status send_staged_locked();
   void arm_locked(bool out);
+  void update_events_locked();
+  void resume_reading_locked();
+  void post_resume();  // any thread
   void stage_response_locked(Response& r);
   void stage_slice_locked(OpState* op, int lane);
 
   // Loop thread.
   Status read_some(bool& would_block);
+  Status consume(int& frames);
   Status recv_into(uint8_t* dst, std::size_t len, std::size_t& got, bool& would_block);
   Status begin_frame();
   Status end_frame();
@@ -243,6 +268,9 @@ std::vector<TcpChannel::StreamUsage> TcpChannel::usage() {
         u.receive_buffer = s->rbuf.capacity();
         u.message_buffer = s->frame_buffer.capacity();
         u.message_bytes = s->sink_grows ? s->frame_copied : 0;
+        std::lock_guard lock(s->send_mu);
+        u.queued_responses = s->responses.size();
+        u.reading_paused = s->read_paused.load();
       }
       answer->set_value(u);
     });
@@ -317,10 +345,33 @@ void TcpChannel::Stream::enqueue_locked(OpState* op) {
 }
 
 void TcpChannel::Stream::arm_locked(bool out) {
-  if (want_out == out || closed) return;
   want_out = out;
-  uint32_t events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u);
+  update_events_locked();
+}
+
+void TcpChannel::Stream::update_events_locked() {
+  uint32_t events = (read_paused.load() ? 0u : EPOLLIN | EPOLLRDHUP) | (want_out ? EPOLLOUT : 0u);
+  if (events == armed || closed) return;
+  armed = events;
   (void)ch.host_.reactor().modify(loop, fd.get(), events, this);
+}
+
+// The responses drained: read again, starting with frames left in the staging buffer (the
+// socket may hold nothing more to wake the loop).
+void TcpChannel::Stream::resume_reading_locked() {
+  read_paused.store(false);
+  update_events_locked();
+  post_resume();
+}
+
+// Queues a task that calls on_event() on the loop, unless one is queued already.
+void TcpChannel::Stream::post_resume() {
+  if (resume_posted.exchange(true)) return;
+  std::shared_ptr<Stream> self = ch.streams_[static_cast<std::size_t>(index)];
+  ch.host_.reactor().post(loop, [self] {
+    self->resume_posted.store(false);
+    self->on_event(0);
+  });
 }
 
 void TcpChannel::Stream::stage_response_locked(Response& r) {
@@ -414,6 +465,12 @@ bool TcpChannel::Stream::stage_more_locked() {
 
 Status TcpChannel::Stream::flush_locked() {
   if (closed) return {};
+  Status st = send_staged_locked();
+  if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
+  return st;
+}
+
+Status TcpChannel::Stream::send_staged_locked() {
   for (;;) {
     stage_more_locked();
     if (staged_count == 0) {
@@ -495,6 +552,10 @@ void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint
   }
   responses.push_back(std::move(r));
   need_flush = true;
+  if (responses.size() >= response_limit && !read_paused.load()) {
+    read_paused.store(true);  // no new frame is read until the peer takes its answers
+    update_events_locked();
+  }
 }
 
 Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
@@ -745,6 +806,46 @@ Status TcpChannel::Stream::recv_into(uint8_t* dst, std::size_t len, std::size_t&
   return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
 }
 
+// Handles the frames in the staging buffer, up to the per-wake budget; stops at a frame
+// boundary while reading is paused.
+Status TcpChannel::Stream::consume(int& frames) {
+  Status st;
+  while (st.ok()) {
+    if (!in_payload) {
+      if (rend - rpos < core::kFrameHeaderSize || read_paused.load()) break;
+      if (frames == kFramesPerEvent) {
+        post_resume();  // yield to the loop's other sockets; a task takes up what is left
+        break;
+      }
+      st = core::decode_header(rbuf.data() + rpos, cur);
+      if (!st.ok()) break;
+      rpos += core::kFrameHeaderSize;
+      ++frames;
+      st = begin_frame();
+      if (!st.ok()) break;
+      in_payload = true;
+      last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
+    }
+    std::size_t avail = rend - rpos;
+    while (sink_left > 0 && avail > 0) {
+      std::size_t n = sink_room(avail < sink_left ? avail : static_cast<std::size_t>(sink_left));
+      std::memcpy(sink, rbuf.data() + rpos, n);
+      sank(n);
+      rpos += n;
+      avail -= n;
+    }
+    if (sink_left == 0 && discard_left > 0 && avail > 0) {
+      std::size_t n = avail < discard_left ? avail : static_cast<std::size_t>(discard_left);
+      discard_left -= n;
+      rpos += n;
+    }
+    if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
+    in_payload = false;
+    st = end_frame();
+  }
+  return st;
+}
+
 void TcpChannel::Stream::on_event(uint32_t events) {
   if (stopped) return;
   Status st;
@@ -752,39 +853,16 @@ void TcpChannel::Stream::on_event(uint32_t events) {
     std::lock_guard lock(send_mu);
     st = flush_locked();
   }
-  for (int calls = 0; st.ok() && calls < kRecvCallsPerEvent; ++calls) {
+  int frames = 0;
+  for (int calls = 0; st.ok(); ++calls) {
+    // Frames already buffered first (left by a pause or the budget), then more bytes.
+    st = consume(frames);
+    if (!st.ok()) break;
+    if (!in_payload && (read_paused.load() || frames == kFramesPerEvent)) break;
+    if (calls == kRecvCallsPerEvent) break;  // the socket stays readable: epoll calls again
     bool would_block = false;
     st = read_some(would_block);
-    if (!st.ok() || would_block) break;
-    // Consume whatever is buffered.
-    while (st.ok()) {
-      if (!in_payload) {
-        if (rend - rpos < core::kFrameHeaderSize) break;
-        st = core::decode_header(rbuf.data() + rpos, cur);
-        if (!st.ok()) break;
-        rpos += core::kFrameHeaderSize;
-        st = begin_frame();
-        if (!st.ok()) break;
-        in_payload = true;
-        last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
-      }
-      std::size_t avail = rend - rpos;
-      while (sink_left > 0 && avail > 0) {
-        std::size_t n = sink_room(avail < sink_left ? avail : static_cast<std::size_t>(sink_left));
-        std::memcpy(sink, rbuf.data() + rpos, n);
-        sank(n);
-        rpos += n;
-        avail -= n;
-      }
-      if (sink_left == 0 && discard_left > 0 && avail > 0) {
-        std::size_t n = avail < discard_left ? avail : static_cast<std::size_t>(discard_left);
-        discard_left -= n;
-        rpos += n;
-      }
-      if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
-      in_payload = false;
-      st = end_frame();
-    }
+    if (would_block) break;
   }
   if (st.ok() && need_flush) {
     need_flush = false;
