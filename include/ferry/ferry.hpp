@@ -99,8 +99,16 @@ struct Config {
   // the application is not taking them, and they must not be dropped silently.
   std::size_t max_queued_imms = 1 << 16;
   std::size_t max_queued_imms_total = 1 << 20;
-  // Bytes of unmatched incoming send() messages buffered per peer before refusing more.
+  // Unmatched incoming send() messages (no receive posted yet) are buffered within three limits;
+  // a message over any of them is refused: its sender's send() fails with kResourceExhausted,
+  // and nothing else changes for that peer or any other. Bytes per peer; each message counts
+  // 128 bytes more than its length (its bookkeeping), so empty messages are not free.
   std::size_t max_unexpected_bytes = 64 << 20;
+  // Messages per peer, however small.
+  std::size_t max_unexpected_messages = 4096;
+  // Bytes for all peers of the engine together (counted as max_unexpected_bytes is), so that
+  // many peers each within their own limit cannot exhaust the host's memory.
+  std::size_t max_unexpected_bytes_total = std::size_t{256} << 20;
 
   // Limits on what connecting peers can make this engine hold (docs/architecture.md, "Limits",
   // has the worst case per peer and per engine). A connection over a limit is refused with
@@ -244,6 +252,10 @@ struct PeerStats {
   // Received messages the sender wrote straight into the receive buffer (a large message into
   // a region that grants remote write); the others were copied from receive buffers.
   uint64_t verbs_messages_zero_copy = 0;
+  // Unmatched incoming messages held for this peer now (buffered, or arriving with no receive
+  // posted), and the bytes they count against Config::max_unexpected_bytes.
+  uint64_t unexpected_messages = 0;
+  uint64_t unexpected_bytes = 0;
 };
 
 // A connected peer. Either side may start operations; one connection carries both directions.

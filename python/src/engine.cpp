@@ -168,8 +168,11 @@ void bind_engine(nb::module_& m) {
              uint64_t engine_id, int progress_threads, const std::string& rdma_device,
              int rdma_gid_index, int verbs_qps, int tcp_streams, std::size_t slice_bytes,
              std::size_t stripe_threshold, double busy_poll, double wait_spin, double peer_timeout,
-             double connect_timeout, std::size_t max_unexpected_bytes, bool zero_copy_receives,
-             std::size_t max_peers, std::size_t max_handshakes, int max_handshakes_per_source) {
+             double connect_timeout, std::size_t max_unexpected_bytes,
+             std::size_t max_unexpected_messages, std::size_t max_unexpected_bytes_total,
+             bool zero_copy_receives, std::size_t max_peers, std::size_t max_handshakes,
+             int max_handshakes_per_source, std::size_t max_queued_imms,
+             std::size_t max_queued_imms_total) {
             Config c;
             c.listen = listen;
             c.listen_host = listen_host;
@@ -192,10 +195,14 @@ void bind_engine(nb::module_& m) {
             c.peer_timeout = seconds(peer_timeout, "peer_timeout");
             c.connect_timeout = seconds(connect_timeout, "connect_timeout");
             c.max_unexpected_bytes = max_unexpected_bytes;
+            c.max_unexpected_messages = max_unexpected_messages;
+            c.max_unexpected_bytes_total = max_unexpected_bytes_total;
             c.zero_copy_receives = zero_copy_receives;
             c.max_peers = max_peers;
             c.max_handshakes = max_handshakes;
             c.max_handshakes_per_source = max_handshakes_per_source;
+            c.max_queued_imms = max_queued_imms;
+            c.max_queued_imms_total = max_queued_imms_total;
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -215,9 +222,13 @@ void bind_engine(nb::module_& m) {
           "peer_timeout"_a = std::chrono::duration<double>(defaults.peer_timeout).count(),
           "connect_timeout"_a = std::chrono::duration<double>(defaults.connect_timeout).count(),
           "max_unexpected_bytes"_a = defaults.max_unexpected_bytes,
+          "max_unexpected_messages"_a = defaults.max_unexpected_messages,
+          "max_unexpected_bytes_total"_a = defaults.max_unexpected_bytes_total,
           "zero_copy_receives"_a = defaults.zero_copy_receives, "max_peers"_a = defaults.max_peers,
           "max_handshakes"_a = defaults.max_handshakes,
           "max_handshakes_per_source"_a = defaults.max_handshakes_per_source,
+          "max_queued_imms"_a = defaults.max_queued_imms,
+          "max_queued_imms_total"_a = defaults.max_queued_imms_total,
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
           "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
       .def_prop_ro(

@@ -145,6 +145,8 @@ void bind_peer(nb::module_& m) {
                      d["verbs_messages_sent"] = s.verbs_messages_sent;
                      d["verbs_messages_received"] = s.verbs_messages_received;
                      d["verbs_messages_zero_copy"] = s.verbs_messages_zero_copy;
+                     d["unexpected_messages"] = s.unexpected_messages;
+                     d["unexpected_bytes"] = s.unexpected_bytes;
                      return d;
                    })
       .def(

@@ -98,6 +98,9 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   const Config config;
   const uint64_t id;
   const uint64_t incarnation;
+  const std::shared_ptr<transport::UnexpectedBudget> unexpected_budget =
+      std::make_shared<transport::UnexpectedBudget>(config.max_unexpected_bytes_total,
+                                                    config.max_unexpected_messages);
   uint16_t port = 0;
   std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 

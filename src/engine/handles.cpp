@@ -89,6 +89,9 @@ PeerStats Peer::stats() const {
   s.verbs_messages_sent = link.verbs_messages.sent.load();
   s.verbs_messages_received = link.verbs_messages.received.load();
   s.verbs_messages_zero_copy = link.verbs_messages.zero_copy.load();
+  transport::Matcher::Usage unexpected = link.matcher.usage();
+  s.unexpected_messages = unexpected.messages;
+  s.unexpected_bytes = unexpected.bytes;
   return s;
 }
 void Peer::close() const {

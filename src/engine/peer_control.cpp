@@ -115,8 +115,8 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
       transport(kind),
       incoming(from_peer),
       engine(std::move(eng)),
-      link(std::make_shared<transport::PeerLink>(remote.engine_id,
-                                                 engine->config.max_unexpected_bytes)),
+      link(std::make_shared<transport::PeerLink>(
+          remote.engine_id, engine->config.max_unexpected_bytes, engine->unexpected_budget)),
       control_(std::make_shared<Control>()) {
   control_->fd = std::move(control);
   control_->reactor = &engine->reactor();

@@ -44,10 +44,13 @@ struct MessageCounters {
 
 // State of one peer shared by the engine and the peer's channel.
 struct PeerLink {
-  PeerLink(uint64_t remote_engine_id, std::size_t max_unexpected_bytes)
+  // `unexpected_budget`: the engine's, shared by all its peers (Matcher); none: this peer's
+  // byte limit alone.
+  PeerLink(uint64_t remote_engine_id, std::size_t max_unexpected_bytes,
+           std::shared_ptr<UnexpectedBudget> unexpected_budget = nullptr)
       : remote_engine_id(remote_engine_id),
         pool(std::make_shared<OpPool>()),
-        matcher(max_unexpected_bytes) {}
+        matcher(max_unexpected_bytes, std::move(unexpected_budget)) {}
   uint64_t remote_engine_id;
   std::weak_ptr<void> owner;  // the engine's object for this peer: where notifications came from
   std::shared_ptr<OpPool> pool;

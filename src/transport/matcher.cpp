@@ -1,9 +1,17 @@
 #include "transport/matcher.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
 namespace ferry::transport {
+
+Matcher::Matcher(std::size_t max_unexpected_bytes, std::shared_ptr<UnexpectedBudget> budget)
+    : max_unexpected_(max_unexpected_bytes),
+      budget_(budget ? std::move(budget) : std::make_shared<UnexpectedBudget>(SIZE_MAX, SIZE_MAX)) {
+}
+
+Matcher::~Matcher() { budget_->release(unexpected_bytes_); }
 
 void Matcher::deliver(OpState* recv, const uint8_t* data, uint64_t length) {
   const OpEntry& dst = recv->entries[0];
@@ -34,7 +42,7 @@ bool Matcher::take_unexpected_locked(uint64_t tag, bool data_only, Unexpected& o
     out = std::move(*it);
     unexpected_.erase(it);
     // An announced message's buffer lives on until its bytes are in (release()).
-    if (!out.announced) unexpected_bytes_ -= out.reserved;
+    if (!out.announced) unreserve_locked(out.reserved);
     return true;
   }
   return false;
@@ -79,49 +87,79 @@ OpState* Matcher::take_posted_locked(uint64_t tag) {
   return nullptr;
 }
 
+Status Matcher::reserve_locked(uint64_t tag, uint64_t length) {
+  auto refused = [tag](const std::string& why) {
+    return Status(ErrorCode::kResourceExhausted,
+                  "send tag " + std::to_string(tag) + ": no receive posted and " + why);
+  };
+  if (unexpected_messages_ >= budget_->max_messages_per_peer()) {
+    return refused(std::to_string(unexpected_messages_) + " messages already buffered (limit " +
+                   std::to_string(budget_->max_messages_per_peer()) + ")");
+  }
+  std::size_t room = max_unexpected_ - unexpected_bytes_;  // never above the limit: no overflow
+  if (length > room || kUnexpectedOverheadBytes > room - length) {
+    return refused(std::to_string(unexpected_bytes_) + " bytes already buffered (limit " +
+                   std::to_string(max_unexpected_) + ", each message counts " +
+                   std::to_string(kUnexpectedOverheadBytes) + " more than its length)");
+  }
+  std::size_t c = charge(length);
+  if (!budget_->try_reserve(c)) {
+    return refused("the engine's buffers for all peers are full (" +
+                   std::to_string(budget_->used()) + " bytes, limit " +
+                   std::to_string(budget_->max_total_bytes()) + ")");
+  }
+  unexpected_bytes_ += c;
+  ++unexpected_messages_;
+  return {};
+}
+
+void Matcher::unreserve_locked(std::size_t reserved) {
+  unexpected_bytes_ -= reserved;
+  --unexpected_messages_;
+  budget_->release(reserved);
+}
+
 Matcher::Arrival Matcher::arrive(uint64_t tag, uint64_t length) {
   Arrival a;
   std::lock_guard lock(mu_);
   a.recv = take_posted_locked(tag);
   if (a.recv != nullptr) return a;
-  if (length > max_unexpected_ - unexpected_bytes_) {  // never above the limit: no overflow
-    a.error = refusal(tag);
-    return a;
-  }
-  unexpected_bytes_ += length;  // reserved now so concurrent arrivals respect the limit
-  a.buffer.resize(length);
+  // Counted now, so concurrent arrivals respect the limits; the bytes are not here yet.
+  a.error = reserve_locked(tag, length);
   return a;
 }
 
 void Matcher::commit(uint64_t tag, std::vector<uint8_t> buffer) {
   std::unique_lock lock(mu_);
   if (OpState* recv = take_posted_locked(tag)) {
-    unexpected_bytes_ -= buffer.size();
+    unreserve_locked(charge(buffer.size()));
     lock.unlock();
     deliver(recv, buffer.data(), buffer.size());
     recv->finish_posted();
     return;
   }
-  std::size_t size = buffer.size();
-  unexpected_.push_back({tag, std::move(buffer), nullptr, size});
+  std::size_t reserved = charge(buffer.size());
+  unexpected_.push_back({tag, std::move(buffer), nullptr, reserved});
+}
+
+void Matcher::abandon(uint64_t length) {
+  std::lock_guard lock(mu_);
+  unreserve_locked(charge(length));
 }
 
 OpState* Matcher::announce(uint64_t tag, uint64_t length, std::shared_ptr<Rendezvous> message,
                            Status& error) {
   std::lock_guard lock(mu_);
   if (OpState* recv = take_posted_locked(tag)) return recv;
-  if (length > max_unexpected_ - unexpected_bytes_) {  // never above the limit: no overflow
-    error = refusal(tag);
-    return nullptr;
-  }
-  unexpected_bytes_ += length;
-  unexpected_.push_back({tag, {}, std::move(message), length});
+  error = reserve_locked(tag, length);
+  if (!error.ok()) return nullptr;
+  unexpected_.push_back({tag, {}, std::move(message), charge(length)});
   return nullptr;
 }
 
-void Matcher::release(std::size_t bytes) {
+void Matcher::release(std::size_t length) {
   std::lock_guard lock(mu_);
-  unexpected_bytes_ -= bytes;
+  unreserve_locked(charge(length));
 }
 
 bool Matcher::fulfil(const Rendezvous* message, std::vector<uint8_t>& data) {
@@ -135,11 +173,9 @@ bool Matcher::fulfil(const Rendezvous* message, std::vector<uint8_t>& data) {
   return false;
 }
 
-Status Matcher::refusal(uint64_t tag) const {
-  return {ErrorCode::kResourceExhausted,
-          "send tag " + std::to_string(tag) + ": no receive posted and " +
-              std::to_string(unexpected_bytes_) + " bytes already buffered (limit " +
-              std::to_string(max_unexpected_) + ")"};
+Matcher::Usage Matcher::usage() const {
+  std::lock_guard lock(mu_);
+  return {unexpected_messages_, unexpected_bytes_};
 }
 
 std::vector<OpState*> Matcher::take_posted() {
@@ -148,7 +184,7 @@ std::vector<OpState*> Matcher::take_posted() {
   posted_.clear();
   for (auto it = unexpected_.begin(); it != unexpected_.end();) {
     if (it->announced) {
-      unexpected_bytes_ -= it->reserved;
+      unreserve_locked(it->reserved);
       it = unexpected_.erase(it);
     } else {
       ++it;

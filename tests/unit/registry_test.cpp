@@ -132,14 +132,13 @@ TEST(Advance, WalksSlicesAcrossEntries) {
 
 TEST(Matcher, MatchesInOrderBuffersAndLimits) {
   auto pool = std::make_shared<OpPool>();
-  Matcher m(16);
+  Matcher m(16 + Matcher::kUnexpectedOverheadBytes);
   std::vector<uint8_t> dst(8);
   // A message before any receive is buffered, then delivered on post.
   auto a = m.arrive(5, 4);
   ASSERT_TRUE(a.error.ok());
   ASSERT_EQ(a.recv, nullptr);
-  a.buffer = {1, 2, 3, 4};
-  m.commit(5, std::move(a.buffer));
+  m.commit(5, {1, 2, 3, 4});
   OpState* r = pool->acquire();
   r->tag = 5;
   r->entries = {{dst.data(), 8}};
@@ -167,6 +166,100 @@ TEST(Matcher, MatchesInOrderBuffersAndLimits) {
   EXPECT_EQ(small->status.code(), ErrorCode::kTruncated);
   EXPECT_EQ(small->bytes.load(), 2u);
   small->release();
+}
+
+// Buffers `n` messages of `length` bytes with `tag`; returns the first refusal, if any.
+Status buffer_messages(Matcher& m, uint64_t tag, int n, std::size_t length) {
+  for (int i = 0; i < n; ++i) {
+    Matcher::Arrival a = m.arrive(tag, length);
+    if (!a.error.ok()) return a.error;
+    m.commit(tag, std::vector<uint8_t>(length, static_cast<uint8_t>(i)));
+  }
+  return {};
+}
+
+struct Announced final : Rendezvous {
+  void matched(OpState*) override {}
+};
+
+// Takes one buffered message of `tag` (into a stand-alone op: nothing completes).
+bool take_one(Matcher& m, uint64_t tag) {
+  std::vector<uint8_t> dst(1 << 16);
+  OpState r;
+  r.tag = tag;
+  r.entries = {{dst.data(), dst.size()}};
+  return m.take_buffered(&r);
+}
+
+TEST(Matcher, EveryMessageCountsItsOverhead) {
+  constexpr std::size_t kOverhead = Matcher::kUnexpectedOverheadBytes;
+  Matcher m(10 * kOverhead);
+  // Empty messages are not free: ten fill the limit.
+  ASSERT_TRUE(buffer_messages(m, 1, 10, 0).ok());
+  EXPECT_EQ(m.usage().messages, 10u);
+  EXPECT_EQ(m.usage().bytes, 10 * kOverhead);
+  Status s = buffer_messages(m, 1, 1, 0);
+  EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("limit"), std::string::npos) << s.message();
+  ASSERT_TRUE(take_one(m, 1));
+  EXPECT_TRUE(buffer_messages(m, 1, 1, 0).ok()) << "taking one made room";
+  // A message exactly as long as the limit no longer fits: its overhead counts too.
+  Matcher exact(1000);
+  EXPECT_EQ(exact.arrive(2, 1000).error.code(), ErrorCode::kResourceExhausted);
+  EXPECT_TRUE(exact.arrive(2, 1000 - kOverhead).error.ok());
+  // No length overflows the arithmetic.
+  EXPECT_EQ(exact.arrive(2, UINT64_MAX).error.code(), ErrorCode::kResourceExhausted);
+}
+
+TEST(Matcher, MessagesPerPeerAreCapped) {
+  auto budget = std::make_shared<UnexpectedBudget>(SIZE_MAX, 3);
+  Matcher m(1 << 20, budget);
+  ASSERT_TRUE(buffer_messages(m, 1, 3, 1).ok());
+  Status s = buffer_messages(m, 2, 1, 1);
+  EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("3 messages"), std::string::npos) << s.message();
+  // A message still arriving counts as well.
+  ASSERT_TRUE(take_one(m, 1));
+  ASSERT_TRUE(m.arrive(3, 100).error.ok());
+  EXPECT_EQ(m.arrive(3, 100).error.code(), ErrorCode::kResourceExhausted);
+  m.abandon(100);  // its bytes will not come
+  EXPECT_EQ(m.usage().messages, 2u);
+  EXPECT_TRUE(m.arrive(3, 100).error.ok());
+  // A second peer of the same engine has its own count.
+  Matcher other(1 << 20, budget);
+  EXPECT_TRUE(buffer_messages(other, 1, 3, 1).ok());
+}
+
+TEST(Matcher, TheEngineWideLimitIsSharedByAllPeers) {
+  constexpr std::size_t kMessage = 1000;
+  constexpr std::size_t kCharge = kMessage + Matcher::kUnexpectedOverheadBytes;
+  auto budget = std::make_shared<UnexpectedBudget>(3 * kCharge, 100);
+  auto a = std::make_unique<Matcher>(2 * kCharge, budget);
+  Matcher b(2 * kCharge, budget);
+  ASSERT_TRUE(buffer_messages(*a, 1, 2, kMessage).ok());
+  ASSERT_TRUE(buffer_messages(b, 1, 1, kMessage).ok());
+  EXPECT_EQ(budget->used(), 3 * kCharge);
+  // b is under its own limit, the engine is not.
+  Status s = buffer_messages(b, 1, 1, kMessage);
+  EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("engine"), std::string::npos) << s.message();
+  EXPECT_EQ(b.usage().messages, 1u) << "a refused message counts nowhere";
+  EXPECT_EQ(budget->used(), 3 * kCharge);
+  // Announced messages (verbs) take from the same budget, and give back on release().
+  Status refused;
+  EXPECT_EQ(b.announce(2, kMessage, std::make_shared<Announced>(), refused), nullptr);
+  EXPECT_EQ(refused.code(), ErrorCode::kResourceExhausted);
+  ASSERT_TRUE(take_one(*a, 1));
+  refused = {};
+  EXPECT_EQ(b.announce(2, kMessage, std::make_shared<Announced>(), refused), nullptr);
+  ASSERT_TRUE(refused.ok()) << refused.to_string();
+  EXPECT_EQ(budget->used(), 3 * kCharge);
+  b.release(kMessage);
+  EXPECT_EQ(budget->used(), 2 * kCharge);
+  // A peer's matcher going away gives back what its messages held.
+  a.reset();
+  EXPECT_EQ(budget->used(), kCharge);
+  EXPECT_TRUE(buffer_messages(b, 1, 1, kMessage).ok());
 }
 
 TEST(Ring, KeepsOrderWhileGrowing) {

@@ -4,8 +4,11 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 
 #include "core/sys.hpp"
@@ -19,12 +22,29 @@ namespace {
 // Frames handed to one writev. 64 covers a full window of 64 KiB slices plus acks; more did not
 // raise loopback bandwidth (docs/performance.md).
 constexpr int kMaxStaged = 64;
-// Staging buffer for small frames; one recv drains many acks or small writes at once.
+// Staging buffer for small frames; one recv drains many acks or small writes at once. It starts
+// at kRecvBufferInitial and doubles, up to kRecvBufferBytes, whenever a recv fills it: an idle
+// or quiet stream holds little, a busy one soon drains a whole window per recv.
+constexpr std::size_t kRecvBufferInitial = 16 << 10;
 constexpr std::size_t kRecvBufferBytes = 256 << 10;
+// An unmatched message's buffer: allocated when its first bytes arrive, at this size or its
+// length if smaller, then at most doubled each time it is full, up to the length its header
+// announced. What a peer makes us allocate stays within twice what it really sent.
+constexpr std::size_t kMessageBufferInitial = 16 << 10;
 // Payload left at or above this is received straight into its destination, skipping the copy.
 constexpr std::size_t kDirectRecvMin = 16 << 10;
-// recv calls per readiness event before yielding to the loop's other sockets.
+// A stream's work per wake-up, before it yields to the loop's other sockets, so that one
+// flooding peer cannot monopolise a progress thread: at most this many recv calls (each at most
+// the staging buffer, or what the socket holds of one large payload)...
 constexpr int kRecvCallsPerEvent = 16;
+// ...and this many frames. Frames left in the staging buffer are taken up by a task posted to
+// the loop, behind the other sockets' events.
+constexpr int kFramesPerEvent = 256;
+// Responses (acks, read data) a stream queues for its peer before it stops reading from it: a
+// peer that asks faster than it reads the answers is not read until they drain to half. At
+// least this many, and twice the requests a peer of our configuration keeps in flight, so
+// that two honest peers never both stop reading.
+constexpr std::size_t kMinResponseLimit = 1024;
 // Unfinished write_with_imm operations a peer may have open at once on this connection.
 constexpr std::size_t kMaxImmInProgress = 1 << 16;
 
@@ -49,7 +69,12 @@ struct Response {
 };
 
 struct TcpChannel::Stream final : core::Reactor::Handler {
-  Stream(TcpChannel& channel, int index) : ch(channel), index(index) {}
+  Stream(TcpChannel& channel, int index)
+      : ch(channel),
+        index(index),
+        response_limit(std::max(kMinResponseLimit,
+                                2 * static_cast<std::size_t>(std::max(
+                                        channel.options_.slices_in_flight_per_stream, 1)))) {}
 
   TcpChannel& ch;
   const int index;
@@ -60,7 +85,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   bool stopped = false;                      // loop thread only
 
   // ---- receive side: loop thread only ----
-  std::vector<uint8_t> rbuf = std::vector<uint8_t>(kRecvBufferBytes);
+  std::vector<uint8_t> rbuf = std::vector<uint8_t>(kRecvBufferInitial);
   std::size_t rpos = 0, rend = 0;
   bool in_payload = false;
   FrameHeader cur;
@@ -70,16 +95,23 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status frame_error;         // why the current inbound frame is refused
   RegionUse frame_use;        // target region of the current kWrite
   OpState* frame_op = nullptr;
-  std::vector<uint8_t> frame_text;
-  std::vector<uint8_t> frame_buffer;  // unexpected send() message
-  uint64_t frame_copied = 0;
+  std::vector<uint8_t> frame_text;    // error text: at most core::kMaxErrorText bytes
+  std::vector<uint8_t> frame_buffer;  // unexpected send() message, grown as its bytes arrive
+  uint64_t frame_copied = 0;          // bytes of it received
+  bool sink_grows = false;            // sink is frame_buffer (see sink_room)
+  bool frame_counted = false;         // the matcher counts the message until commit or abandon
   bool need_flush = false;
   bool last_payload_large = false;
+  std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
 
   // ---- send side: guarded by send_mu ----
   std::mutex send_mu;
   bool closed = false;
   bool want_out = false;
+  uint32_t armed = EPOLLIN | EPOLLRDHUP;  // events registered with the loop
+  // Responses over response_limit: the loop reads no new frame (written under send_mu).
+  std::atomic<bool> read_paused{false};
+  const std::size_t response_limit;
   OpState* queue_head = nullptr;
   OpState* queue_tail = nullptr;
   core::Ring<Response> responses;
@@ -101,16 +133,23 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   void enqueue_locked(OpState* op);
   bool stage_more_locked();
   Status flush_locked();
+  Status send_staged_locked();
   void arm_locked(bool out);
+  void update_events_locked();
+  void resume_reading_locked();
+  void post_resume();  // any thread
   void stage_response_locked(Response& r);
   void stage_slice_locked(OpState* op, int lane);
 
   // Loop thread.
   Status read_some(bool& would_block);
+  Status consume(int& frames);
   Status recv_into(uint8_t* dst, std::size_t len, std::size_t& got, bool& would_block);
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
+  std::size_t sink_room(std::size_t n);
+  void sank(std::size_t n);
   void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
                RegionSlot* lease = nullptr);
   void fail(const Status& reason);
@@ -170,6 +209,7 @@ Status TcpChannel::attach(int index, core::Fd fd) {
 
 PostResult TcpChannel::post(OpState* op) {
   PostResult result = PostResult::kAccepted;
+  Status failed;
   int n = static_cast<int>(streams_.size());
   for (int lane = 0; lane < op->lane_count; ++lane) {
     Stream& s = *streams_[static_cast<std::size_t>((op->first_lane + lane) % n)];
@@ -177,11 +217,13 @@ PostResult TcpChannel::post(OpState* op) {
     if (s.closed) continue;  // closing: the close path fails the op
     s.enqueue_locked(op);
     if (Status st = s.flush_locked(); !st.ok()) {
-      close(st);
+      if (failed.ok()) failed = st;
       continue;
     }
     if (s.queue_head != nullptr) result = PostResult::kQueued;
   }
+  // Never under a send lock: close() takes close_mu_, which comes first (see attach()).
+  if (!failed.ok()) close(failed);
   return result;
 }
 
@@ -208,6 +250,36 @@ void TcpChannel::close(const Status& reason) {
 
 void TcpChannel::stop_after_reactor() {
   for (auto& s : streams_) s->stop();
+}
+
+std::vector<TcpChannel::StreamUsage> TcpChannel::usage() {
+  std::vector<StreamUsage> out(streams_.size());
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    std::shared_ptr<Stream> s = streams_[i];
+    {
+      std::lock_guard lock(close_mu_);
+      if (!s->attached) continue;
+    }
+    auto answer = std::make_shared<std::promise<StreamUsage>>();
+    std::future<StreamUsage> answered = answer->get_future();
+    host_.reactor().post(s->loop, [s, answer] {
+      StreamUsage u;
+      if (!s->stopped) {
+        u.receive_buffer = s->rbuf.capacity();
+        u.message_buffer = s->frame_buffer.capacity();
+        u.message_bytes = s->sink_grows ? s->frame_copied : 0;
+        std::lock_guard lock(s->send_mu);
+        u.queued_responses = s->responses.size();
+        u.reading_paused = s->read_paused.load();
+      }
+      answer->set_value(u);
+    });
+    // A loop that does not answer has stopped (the reactor keeps its queued tasks unrun).
+    if (answered.wait_for(std::chrono::seconds(10)) == std::future_status::ready) {
+      out[i] = answered.get();
+    }
+  }
+  return out;
 }
 
 void TcpChannel::stream_stopped() {
@@ -273,10 +345,33 @@ void TcpChannel::Stream::enqueue_locked(OpState* op) {
 }
 
 void TcpChannel::Stream::arm_locked(bool out) {
-  if (want_out == out || closed) return;
   want_out = out;
-  uint32_t events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u);
+  update_events_locked();
+}
+
+void TcpChannel::Stream::update_events_locked() {
+  uint32_t events = (read_paused.load() ? 0u : EPOLLIN | EPOLLRDHUP) | (want_out ? EPOLLOUT : 0u);
+  if (events == armed || closed) return;
+  armed = events;
   (void)ch.host_.reactor().modify(loop, fd.get(), events, this);
+}
+
+// The responses drained: read again, starting with frames left in the staging buffer (the
+// socket may hold nothing more to wake the loop).
+void TcpChannel::Stream::resume_reading_locked() {
+  read_paused.store(false);
+  update_events_locked();
+  post_resume();
+}
+
+// Queues a task that calls on_event() on the loop, unless one is queued already.
+void TcpChannel::Stream::post_resume() {
+  if (resume_posted.exchange(true)) return;
+  std::shared_ptr<Stream> self = ch.streams_[static_cast<std::size_t>(index)];
+  ch.host_.reactor().post(loop, [self] {
+    self->resume_posted.store(false);
+    self->on_event(0);
+  });
 }
 
 void TcpChannel::Stream::stage_response_locked(Response& r) {
@@ -370,6 +465,12 @@ bool TcpChannel::Stream::stage_more_locked() {
 
 Status TcpChannel::Stream::flush_locked() {
   if (closed) return {};
+  Status st = send_staged_locked();
+  if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
+  return st;
+}
+
+Status TcpChannel::Stream::send_staged_locked() {
   for (;;) {
     stage_more_locked();
     if (staged_count == 0) {
@@ -451,6 +552,10 @@ void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint
   }
   responses.push_back(std::move(r));
   need_flush = true;
+  if (responses.size() >= response_limit && !read_paused.load()) {
+    read_paused.store(true);  // no new frame is read until the peer takes its answers
+    update_events_locked();
+  }
 }
 
 Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
@@ -473,6 +578,7 @@ Status TcpChannel::Stream::begin_frame() {
   frame_error = {};
   frame_op = nullptr;
   frame_copied = 0;
+  sink_grows = false;
   uint64_t payload = core::payload_length(cur);
   bool error_text = cur.status != 0 && payload > 0;
 
@@ -510,7 +616,7 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kReadData: {
       if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
       if (error_text) {
-        frame_text.resize(payload);
+        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
         sink = frame_text.data();
         sink_left = payload;
         return {};
@@ -532,7 +638,7 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kSendAck: {
       OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
       if (Status st = lookup_reply_op(kind); !st.ok()) return st;
-      frame_text.resize(payload);
+      frame_text.resize(payload);  // error text: decode_header allows at most kMaxErrorText
       sink = frame_text.data();
       sink_left = payload;
       return {};
@@ -549,7 +655,10 @@ Status TcpChannel::Stream::begin_frame() {
         sink_left = payload < dst.length ? payload : dst.length;
         discard_left = payload - sink_left;
       } else {
-        frame_buffer = std::move(a.buffer);
+        // Counted by the matcher; nothing is allocated until bytes arrive (sink_room).
+        frame_counted = true;
+        frame_buffer.clear();
+        sink_grows = true;
         sink = frame_buffer.data();
         sink_left = payload;
       }
@@ -614,7 +723,8 @@ Status TcpChannel::Stream::end_frame() {
       if (frame_op != nullptr) {
         Matcher::settle(frame_op, cur.length);
         frame_op->finish_posted();
-      } else if (st.ok()) {
+      } else if (frame_counted) {
+        frame_counted = false;
         ch.link_->matcher.commit(cur.key, std::move(frame_buffer));
         frame_buffer = {};
       }
@@ -630,9 +740,8 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   // Receive straight into the destination when much of the payload is still to come.
   if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
     std::size_t got = 0;
-    Status st = recv_into(sink, sink_left, got, would_block);
-    sink += got;
-    sink_left -= got;
+    Status st = recv_into(sink, sink_room(sink_left), got, would_block);
+    sank(got);
     return st;
   }
   if (rpos == rend) {
@@ -651,7 +760,35 @@ Status TcpChannel::Stream::read_some(bool& would_block) {
   std::size_t got = 0;
   Status st = recv_into(rbuf.data() + rend, want, got, would_block);
   rend += got;
+  if (got > 0 && rend == rbuf.size() && rbuf.size() < kRecvBufferBytes) {
+    std::size_t size = std::min(rbuf.size() * 2, kRecvBufferBytes);
+    rbuf.reserve(size);
+    rbuf.resize(size);
+  }
   return st;
+}
+
+// Room at `sink` for up to `n` more bytes of the current frame's payload (n <= sink_left). An
+// unmatched message's buffer grows only here, once it is full, as its bytes arrive.
+std::size_t TcpChannel::Stream::sink_room(std::size_t n) {
+  if (!sink_grows) return n;
+  std::size_t room = frame_buffer.size() - frame_copied;
+  if (room == 0) {
+    std::size_t length = frame_copied + sink_left;  // announced by the header
+    std::size_t size = std::min(std::max(frame_buffer.size() * 2, kMessageBufferInitial), length);
+    frame_buffer.reserve(size);  // exactly this much: no doubling of capacity behind our back
+    frame_buffer.resize(size);
+    sink = frame_buffer.data() + frame_copied;
+    room = size - frame_copied;
+  }
+  return n < room ? n : room;
+}
+
+// `n` bytes were placed at `sink`.
+void TcpChannel::Stream::sank(std::size_t n) {
+  sink += n;
+  sink_left -= n;
+  if (sink_grows) frame_copied += n;
 }
 
 Status TcpChannel::Stream::recv_into(uint8_t* dst, std::size_t len, std::size_t& got,
@@ -669,6 +806,46 @@ Status TcpChannel::Stream::recv_into(uint8_t* dst, std::size_t len, std::size_t&
   return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
 }
 
+// Handles the frames in the staging buffer, up to the per-wake budget; stops at a frame
+// boundary while reading is paused.
+Status TcpChannel::Stream::consume(int& frames) {
+  Status st;
+  while (st.ok()) {
+    if (!in_payload) {
+      if (rend - rpos < core::kFrameHeaderSize || read_paused.load()) break;
+      if (frames == kFramesPerEvent) {
+        post_resume();  // yield to the loop's other sockets; a task takes up what is left
+        break;
+      }
+      st = core::decode_header(rbuf.data() + rpos, cur);
+      if (!st.ok()) break;
+      rpos += core::kFrameHeaderSize;
+      ++frames;
+      st = begin_frame();
+      if (!st.ok()) break;
+      in_payload = true;
+      last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
+    }
+    std::size_t avail = rend - rpos;
+    while (sink_left > 0 && avail > 0) {
+      std::size_t n = sink_room(avail < sink_left ? avail : static_cast<std::size_t>(sink_left));
+      std::memcpy(sink, rbuf.data() + rpos, n);
+      sank(n);
+      rpos += n;
+      avail -= n;
+    }
+    if (sink_left == 0 && discard_left > 0 && avail > 0) {
+      std::size_t n = avail < discard_left ? avail : static_cast<std::size_t>(discard_left);
+      discard_left -= n;
+      rpos += n;
+    }
+    if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
+    in_payload = false;
+    st = end_frame();
+  }
+  return st;
+}
+
 void TcpChannel::Stream::on_event(uint32_t events) {
   if (stopped) return;
   Status st;
@@ -676,40 +853,16 @@ void TcpChannel::Stream::on_event(uint32_t events) {
     std::lock_guard lock(send_mu);
     st = flush_locked();
   }
-  for (int calls = 0; st.ok() && calls < kRecvCallsPerEvent; ++calls) {
+  int frames = 0;
+  for (int calls = 0; st.ok(); ++calls) {
+    // Frames already buffered first (left by a pause or the budget), then more bytes.
+    st = consume(frames);
+    if (!st.ok()) break;
+    if (!in_payload && (read_paused.load() || frames == kFramesPerEvent)) break;
+    if (calls == kRecvCallsPerEvent) break;  // the socket stays readable: epoll calls again
     bool would_block = false;
     st = read_some(would_block);
-    if (!st.ok() || would_block) break;
-    // Consume whatever is buffered.
-    while (st.ok()) {
-      if (!in_payload) {
-        if (rend - rpos < core::kFrameHeaderSize) break;
-        st = core::decode_header(rbuf.data() + rpos, cur);
-        if (!st.ok()) break;
-        rpos += core::kFrameHeaderSize;
-        st = begin_frame();
-        if (!st.ok()) break;
-        in_payload = true;
-        last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
-      }
-      std::size_t avail = rend - rpos;
-      if (sink_left > 0 && avail > 0) {
-        std::size_t n = avail < sink_left ? avail : static_cast<std::size_t>(sink_left);
-        std::memcpy(sink, rbuf.data() + rpos, n);
-        sink += n;
-        sink_left -= n;
-        rpos += n;
-        avail -= n;
-      }
-      if (sink_left == 0 && discard_left > 0 && avail > 0) {
-        std::size_t n = avail < discard_left ? avail : static_cast<std::size_t>(discard_left);
-        discard_left -= n;
-        rpos += n;
-      }
-      if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
-      in_payload = false;
-      st = end_frame();
-    }
+    if (would_block) break;
   }
   if (st.ok() && need_flush) {
     need_flush = false;
@@ -748,6 +901,10 @@ void TcpChannel::Stream::stop() {
     queue_head = queue_tail = nullptr;
   }
   frame_use.release();
+  if (frame_counted) {  // its bytes will not come
+    frame_counted = false;
+    ch.link_->matcher.abandon(core::payload_length(cur));
+  }
   ch.host_.reactor().retire(loop, std::move(keep_channel));
   ch.stream_stopped();
 }

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -44,6 +46,17 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   bool fully_closed() const { return closing_.load() && live_streams_.load() == 0; }
   // Stops the remaining streams on the calling thread; only once the reactor has stopped.
   void stop_after_reactor();
+
+  // What each attached stream holds now (diagnostics, tests), read on its progress thread:
+  // blocks until they answer, so never call it on a progress thread. A stopped stream reads 0.
+  struct StreamUsage {
+    std::size_t receive_buffer = 0;    // staging buffer allocated
+    std::size_t message_buffer = 0;    // buffer allocated for an unmatched message arriving
+    std::size_t message_bytes = 0;     // bytes of that message received so far
+    std::size_t queued_responses = 0;  // acks and read data owed to the peer, not yet staged
+    bool reading_paused = false;       // too many queued: the peer's frames are not read
+  };
+  std::vector<StreamUsage> usage();
 
   struct Stream;
 

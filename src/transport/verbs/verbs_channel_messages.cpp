@@ -80,9 +80,9 @@ void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t
   }
   link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
   if (a.recv == nullptr) {
-    if (length > 0) std::memcpy(a.buffer.data(), payload, length);
+    std::vector<uint8_t> buffer(payload, payload + length);  // the bytes are here: copied now
     ack(h.id, {});
-    link_->matcher.commit(h.tag, std::move(a.buffer));
+    link_->matcher.commit(h.tag, std::move(buffer));
     return;
   }
   uint64_t capacity = a.recv->entries[0].length;
