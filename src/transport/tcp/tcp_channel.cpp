@@ -47,17 +47,38 @@ constexpr int kFramesPerEvent = 256;
 constexpr std::size_t kMinResponseLimit = 1024;
 // Unfinished write_with_imm operations a peer may have open at once on this connection.
 constexpr std::size_t kMaxImmInProgress = 1 << 16;
+// Slices of a write or read at most this long travel in group frames (kWriteGroup,
+// kReadGroupReq) with the lane's next slices of the same op, up to kMaxGroupEntries of them and
+// slice_bytes in all: one header, one credit and one answer for the lot.
+constexpr uint64_t kMaxGroupedSlice = 64 << 10;
+constexpr std::size_t kGroupTableBytes =
+    std::size_t{core::kMaxGroupEntries} * core::kGroupEntrySize;
+// Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
+constexpr int kMaxSendIov = 1024;
+constexpr int kMaxRecvIov = 64;
 
 Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
 }  // namespace
 
+// A piece of a group frame's payload: one entry's bytes.
+struct Segment {
+  const uint8_t* data;
+  uint64_t length;
+};
+
 // An outbound frame: header plus optional payload, and what to release once it is on the wire.
+// A group frame's payload is its entry table (`table`, pointed to by `payload`) followed by
+// `segments`.
 struct Outbound {
   uint8_t header[core::kFrameHeaderSize];
   const uint8_t* payload = nullptr;
-  uint64_t payload_length = 0;
+  uint64_t payload_length = 0;  // of the first piece after the header
+  uint64_t wire = 0;            // the whole frame: header, payload and segments
   RegionSlot* lease = nullptr;  // region held while its bytes are being sent
   std::string text;             // error text payload
+  std::vector<uint8_t> table;   // capacity kept across reuses
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;  // regions of a group answer's entries
 };
 
 // A response the progress thread owes the peer: an ack or read data.
@@ -66,7 +87,24 @@ struct Response {
   const uint8_t* payload = nullptr;
   RegionSlot* lease = nullptr;
   std::string text;
+  // A kReadGroupData answer: the echoed entry table, the entries' bytes and their regions.
+  std::vector<uint8_t> table;
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;
 };
+
+namespace {
+void release_all(std::vector<RegionSlot*>& leases) {
+  for (RegionSlot* l : leases) RegionTable::release(l);
+  leases.clear();
+}
+
+// Where a group frame's entry goes: null `addr` discards its bytes.
+struct GroupDst {
+  uint8_t* addr;
+  uint64_t length;
+};
+}  // namespace
 
 struct TcpChannel::Stream final : core::Reactor::Handler {
   Stream(TcpChannel& channel, int index)
@@ -100,6 +138,16 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   uint64_t frame_copied = 0;          // bytes of it received
   bool sink_grows = false;            // sink is frame_buffer (see sink_room)
   bool frame_counted = false;         // the matcher counts the message until commit or abandon
+  // A group frame (kWriteGroup, kReadGroupReq, kReadGroupData) being received: first its table
+  // into group_table, then each entry's bytes to group_dst[i]. Sized by kMaxGroupEntries when
+  // the first group arrives, never by what a header announces.
+  bool group = false;
+  bool group_table_done = false;
+  uint32_t group_next = 0;  // the next entry to start
+  std::vector<uint8_t> group_table;
+  std::vector<core::GroupEntry> group_entries;
+  std::vector<GroupDst> group_dst;
+  std::vector<RegionUse> group_uses;  // target of a kWriteGroup: its entries' regions
   bool need_flush = false;
   bool last_payload_large = false;
   std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
@@ -140,6 +188,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   void post_resume();  // any thread
   void stage_response_locked(Response& r);
   void stage_slice_locked(OpState* op, int lane);
+  bool stage_group_locked(OpState* op, int lane);
 
   // Loop thread.
   Status read_some(bool& would_block);
@@ -148,6 +197,12 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
+  Status begin_group();
+  Status group_next_part(bool& more);
+  Status recv_group_direct(bool& would_block);
+  void answer_read_group();
+  void respond_group(FrameHeader h, std::vector<uint8_t> table, std::vector<Segment> segments,
+                     std::vector<RegionSlot*> leases);
   std::size_t sink_room(std::size_t n);
   void sank(std::size_t n);
   void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
@@ -384,12 +439,85 @@ void TcpChannel::Stream::stage_response_locked(Response& r) {
     o.payload = r.payload;
   }
   o.payload_length = core::payload_length(r.header);
+  o.wire = core::kFrameHeaderSize + o.payload_length;
   o.lease = r.lease;
+  if (!r.table.empty()) {  // a group answer: table, then the entries' bytes
+    o.table.swap(r.table);
+    o.segments.swap(r.segments);
+    o.leases.swap(r.leases);
+    o.payload = o.table.data();
+    o.payload_length = o.table.size();
+  }
   core::encode_header(r.header, o.header);
   ++staged_count;
 }
 
+namespace {
+// The length of the slice at `c`.
+uint64_t slice_at(const OpState& op, const LaneCursor& c) {
+  const OpEntry& e = op.entries[c.entry];
+  return std::min<uint64_t>(e.length - c.offset, op.slice_bytes);
+}
+}  // namespace
+
+// Stages the lane's next slices of a write or read as one group frame when at least two of them
+// are small; false (nothing staged) otherwise.
+bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
+  LaneCursor& c = op->lanes[lane];
+  if (c.remaining < 2 || (op->kind != OpKind::kWrite && op->kind != OpKind::kRead)) return false;
+  auto step = static_cast<uint64_t>(op->lane_count);
+  uint64_t first = slice_at(*op, c);
+  LaneCursor next = c;
+  advance(*op, next, step);
+  uint64_t second = slice_at(*op, next);
+  if (first > kMaxGroupedSlice || second > kMaxGroupedSlice || first + second > op->slice_bytes)
+    return false;
+
+  bool write = op->kind == OpKind::kWrite;
+  Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
+  o.table.reserve(kGroupTableBytes);
+  o.table.clear();
+  o.segments.reserve(core::kMaxGroupEntries);
+  o.segments.clear();
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  while (c.remaining > 0 && n < core::kMaxGroupEntries) {
+    const OpEntry& e = op->entries[c.entry];
+    uint64_t length = slice_at(*op, c);
+    if (length > kMaxGroupedSlice || bytes + length > op->slice_bytes) break;
+    core::GroupEntry g{e.remote_region, static_cast<uint32_t>(length), e.remote_key,
+                       e.remote_offset + c.offset, c.entry};
+    o.table.resize(o.table.size() + core::kGroupEntrySize);
+    core::encode_group_entry(g, o.table.data() + o.table.size() - core::kGroupEntrySize);
+    if (write) o.segments.push_back({e.local + c.offset, length});
+    bytes += length;
+    ++n;
+    --c.remaining;
+    advance(*op, c, step);
+  }
+  FrameHeader h;
+  h.op_id = op->id.load(std::memory_order_relaxed);
+  h.type = write ? FrameType::kWriteGroup : FrameType::kReadGroupReq;
+  h.region_id = n;
+  h.length = static_cast<uint32_t>(o.table.size() + (write ? bytes : 0));
+  if (write && op->with_imm) {
+    h.flags = core::kFlagImm | (c.remaining == 0 ? core::kFlagLastOnStream : 0);
+    h.aux32 = op->imm;
+    h.aux64 = static_cast<uint64_t>(op->lane_count);
+  }
+  o.payload = o.table.data();
+  o.payload_length = o.table.size();
+  o.wire = core::kFrameHeaderSize + h.length;
+  o.lease = nullptr;
+  core::encode_header(h, o.header);
+  ++staged_count;
+  --credits;
+  ++outstanding;
+  return true;
+}
+
 void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
+  if (stage_group_locked(op, lane)) return;
   LaneCursor& c = op->lanes[lane];
   const OpEntry& e = op->entries[c.entry];
   uint64_t length = e.length - c.offset;
@@ -433,6 +561,7 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
     case OpKind::kRecv:
       break;  // never queued
   }
+  o.wire = core::kFrameHeaderSize + o.payload_length;
   core::encode_header(h, o.header);
   ++staged_count;
   --credits;
@@ -477,23 +606,30 @@ Status TcpChannel::Stream::send_staged_locked() {
       arm_locked(false);
       return {};
     }
-    iovec iov[kMaxStaged * 2];
+    iovec iov[kMaxSendIov];
     int n = 0;
     std::size_t total = 0;
+    // The frames' pieces past what was sent, as many as one call takes.
+    auto add = [&](const uint8_t* p, std::size_t length, std::size_t& skip) {
+      if (skip >= length) {
+        skip -= length;
+        return true;
+      }
+      if (n == kMaxSendIov) return false;
+      iov[n++] = {const_cast<uint8_t*>(p) + skip, length - skip};
+      total += length - skip;
+      skip = 0;
+      return true;
+    };
     for (int i = 0; i < staged_count; ++i) {
       Outbound& o = staged[(staged_head + i) % kMaxStaged];
       std::size_t skip = i == 0 ? front_sent : 0;
-      if (skip < core::kFrameHeaderSize) {
-        iov[n++] = {o.header + skip, core::kFrameHeaderSize - skip};
-        total += core::kFrameHeaderSize - skip;
-        skip = 0;
-      } else {
-        skip -= core::kFrameHeaderSize;
+      bool fits = add(o.header, core::kFrameHeaderSize, skip) &&
+                  (o.payload_length == 0 || add(o.payload, o.payload_length, skip));
+      for (std::size_t k = 0; fits && k < o.segments.size(); ++k) {
+        if (o.segments[k].length > 0) fits = add(o.segments[k].data, o.segments[k].length, skip);
       }
-      if (o.payload_length > skip) {
-        iov[n++] = {const_cast<uint8_t*>(o.payload) + skip, o.payload_length - skip};
-        total += o.payload_length - skip;
-      }
+      if (!fits) break;
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -511,7 +647,7 @@ Status TcpChannel::Stream::send_staged_locked() {
     auto left = static_cast<std::size_t>(sent);
     while (staged_count > 0) {
       Outbound& o = staged[staged_head];
-      std::size_t frame_left = core::kFrameHeaderSize + o.payload_length - front_sent;
+      std::size_t frame_left = o.wire - front_sent;
       if (left < frame_left) {
         front_sent += left;
         break;
@@ -521,6 +657,8 @@ Status TcpChannel::Stream::send_staged_locked() {
       if (o.lease != nullptr) RegionTable::release(o.lease);
       o.lease = nullptr;
       o.text.clear();
+      o.segments.clear();
+      release_all(o.leases);
       staged_head = (staged_head + 1) % kMaxStaged;
       --staged_count;
     }
@@ -558,6 +696,27 @@ void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint
   }
 }
 
+void TcpChannel::Stream::respond_group(FrameHeader h, std::vector<uint8_t> table,
+                                       std::vector<Segment> segments,
+                                       std::vector<RegionSlot*> leases) {
+  Response r;
+  r.header = h;
+  r.table = std::move(table);
+  r.segments = std::move(segments);
+  r.leases = std::move(leases);
+  std::lock_guard lock(send_mu);
+  if (closed) {
+    release_all(r.leases);
+    return;
+  }
+  responses.push_back(std::move(r));
+  need_flush = true;
+  if (responses.size() >= response_limit && !read_paused.load()) {
+    read_paused.store(true);
+    update_events_locked();
+  }
+}
+
 Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
   frame_op = ch.link_->pool->lookup(cur.op_id);
   if (frame_op == nullptr || frame_op->kind != kind) {
@@ -582,7 +741,26 @@ Status TcpChannel::Stream::begin_frame() {
   uint64_t payload = core::payload_length(cur);
   bool error_text = cur.status != 0 && payload > 0;
 
+  group = false;
+
   switch (cur.type) {
+    case FrameType::kWriteGroup:
+    case FrameType::kReadGroupReq:
+      return begin_group();
+    case FrameType::kReadGroupData: {
+      if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
+      if (cur.region_id > frame_op->pending.load(std::memory_order_relaxed)) {
+        return {ErrorCode::kProtocol, "read data for " + std::to_string(cur.region_id) +
+                                          " entries, more than were asked for"};
+      }
+      if (error_text) {
+        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
+        sink = frame_text.data();
+        sink_left = payload;
+        return {};
+      }
+      return begin_group();
+    }
     case FrameType::kWrite: {
       uint8_t* addr = nullptr;
       frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
@@ -638,6 +816,10 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kSendAck: {
       OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
       if (Status st = lookup_reply_op(kind); !st.ok()) return st;
+      if (cur.aux32 > 1 && cur.aux32 > frame_op->pending.load(std::memory_order_relaxed)) {
+        return {ErrorCode::kProtocol,
+                "ack for " + std::to_string(cur.aux32) + " entries, more than were sent"};
+      }
       frame_text.resize(payload);  // error text: decode_header allows at most kMaxErrorText
       sink = frame_text.data();
       sink_left = payload;
@@ -671,15 +853,183 @@ Status TcpChannel::Stream::begin_frame() {
   }
 }
 
+// A group frame's table comes first, into a buffer of the largest table's size.
+Status TcpChannel::Stream::begin_group() {
+  if (group_table.size() < kGroupTableBytes) {
+    group_table.resize(kGroupTableBytes);
+    group_entries.resize(core::kMaxGroupEntries);
+    group_dst.reserve(core::kMaxGroupEntries);
+    group_uses.reserve(core::kMaxGroupEntries);
+  }
+  group = true;
+  group_table_done = false;
+  group_next = 0;
+  group_dst.clear();
+  sink = group_table.data();
+  sink_left = std::size_t{cur.region_id} * core::kGroupEntrySize;  // decode_header: <= length
+  return {};
+}
+
+// The current group frame's next part, once the previous one is complete: after the table,
+// where each entry's bytes go. `more`: a part with bytes follows (sink or discard set).
+Status TcpChannel::Stream::group_next_part(bool& more) {
+  more = false;
+  if (!group) return {};
+  uint32_t n = cur.region_id;
+  if (!group_table_done) {
+    group_table_done = true;
+    uint64_t total = 0;
+    std::size_t table = std::size_t{n} * core::kGroupEntrySize;
+    if (Status st =
+            core::decode_group_table(group_table.data(), table, n, group_entries.data(), total);
+        !st.ok()) {
+      return st;
+    }
+    if (cur.type == FrameType::kReadGroupReq) return {};  // answered by end_frame
+    if (total != cur.length - table) {
+      return {ErrorCode::kProtocol, "group of " + std::to_string(total) + " bytes in a frame of " +
+                                        std::to_string(cur.length - table)};
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      const core::GroupEntry& g = group_entries[i];
+      if (cur.type == FrameType::kWriteGroup) {
+        // Each entry is checked as a kWrite is: region, key, permission, bounds, revocation.
+        // A refused entry's bytes are dropped; the first refusal is the answer.
+        uint8_t* addr = nullptr;
+        RegionUse use;
+        Status st = ch.host_.regions().acquire(g.region_id, g.key, g.offset, g.length,
+                                               Access::kRemoteWrite, &addr, use);
+        if (!st.ok() && frame_error.ok()) {
+          frame_error = {st.code(), "write entry " + std::to_string(g.index) + ": " + st.message()};
+        }
+        group_dst.push_back({st.ok() ? addr : nullptr, g.length});
+        group_uses.push_back(std::move(use));
+      } else {
+        // Read data: each entry must fall inside the op's entry it names, as for kReadData.
+        const std::vector<OpEntry>& entries = frame_op->entries;
+        if (g.index >= entries.size()) {
+          return {ErrorCode::kProtocol, "read data for entry " + std::to_string(g.index) + " of " +
+                                            std::to_string(entries.size())};
+        }
+        const OpEntry& e = entries[g.index];
+        if (g.offset < e.remote_offset || g.offset - e.remote_offset > e.length ||
+            g.length > e.length - (g.offset - e.remote_offset) ||
+            g.length > frame_op->slice_bytes) {
+          return {ErrorCode::kProtocol, "read data outside the requested range"};
+        }
+        group_dst.push_back({e.local + (g.offset - e.remote_offset), g.length});
+      }
+    }
+  }
+  while (group_next < group_dst.size()) {
+    const GroupDst& d = group_dst[group_next++];
+    if (d.length == 0) continue;
+    if (d.addr != nullptr) {
+      sink = d.addr;
+      sink_left = d.length;
+    } else {
+      discard_left = d.length;
+    }
+    more = true;
+    return {};
+  }
+  return {};
+}
+
+// Receives straight into the current entry and the group's next ones, one recvmsg for many
+// small entries; used when no byte is buffered.
+Status TcpChannel::Stream::recv_group_direct(bool& would_block) {
+  iovec iov[kMaxRecvIov];
+  int n = 0;
+  iov[n++] = {sink, static_cast<std::size_t>(sink_left)};
+  for (std::size_t i = group_next; i < group_dst.size() && n < kMaxRecvIov; ++i) {
+    if (group_dst[i].length == 0) continue;
+    if (group_dst[i].addr == nullptr) break;  // dropped bytes go through the staging buffer
+    iov[n++] = {group_dst[i].addr, static_cast<std::size_t>(group_dst[i].length)};
+  }
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<std::size_t>(n);
+  ssize_t got = ::recvmsg(fd.get(), &msg, MSG_DONTWAIT);
+  if (got == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
+  if (got < 0) {
+    if (errno == EAGAIN || errno == EINTR) {
+      would_block = errno == EAGAIN;
+      return {};
+    }
+    return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
+  }
+  // Hand the bytes to the entries in order: the next ones were all in the vector.
+  auto left = static_cast<std::size_t>(got);
+  for (;;) {
+    std::size_t take = std::min<std::size_t>(left, sink_left);
+    sank(take);
+    left -= take;
+    if (left == 0) return {};
+    bool more = false;
+    if (Status st = group_next_part(more); !st.ok()) return st;
+    if (!more || sink_left == 0) return {ErrorCode::kProtocol, "group receive out of step"};
+  }
+}
+
+// A kReadGroupReq's table has arrived: every entry checked as a kReadReq is, then one answer
+// with all their bytes, or the first refusal.
+void TcpChannel::Stream::answer_read_group() {
+  uint32_t n = cur.region_id;
+  FrameHeader h;
+  h.type = FrameType::kReadGroupData;
+  h.op_id = cur.op_id;
+  h.region_id = n;
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;
+  segments.reserve(n);
+  leases.reserve(n);
+  uint64_t total = std::size_t{n} * core::kGroupEntrySize;
+  Status refused;
+  for (uint32_t i = 0; i < n && refused.ok(); ++i) {
+    const core::GroupEntry& g = group_entries[i];
+    uint8_t* addr = nullptr;
+    RegionUse use;
+    Status st = ch.host_.regions().acquire(g.region_id, g.key, g.offset, g.length,
+                                           Access::kRemoteRead, &addr, use);
+    total += g.length;
+    if (!st.ok()) {
+      refused = {st.code(), "read entry " + std::to_string(g.index) + ": " + st.message()};
+    } else if (total > UINT32_MAX) {
+      refused = {ErrorCode::kInvalidArgument, "read entries of more than 4 GiB in one group"};
+    } else {
+      segments.push_back({addr, g.length});
+      leases.push_back(use.detach());
+    }
+  }
+  if (!refused.ok()) {
+    release_all(leases);
+    respond(h, refused);
+    return;
+  }
+  h.length = static_cast<uint32_t>(total);
+  std::size_t table = std::size_t{n} * core::kGroupEntrySize;
+  respond_group(h, std::vector<uint8_t>(group_table.begin(), group_table.begin() + table),
+                std::move(segments), std::move(leases));
+}
+
 Status TcpChannel::Stream::end_frame() {
   switch (cur.type) {
+    case FrameType::kWriteGroup:
     case FrameType::kWrite: {
-      frame_use.release();
       FrameHeader h;
       h.type = FrameType::kWriteAck;
       h.op_id = cur.op_id;
-      respond(h, frame_error.ok() ? frame_error
-                                  : Status(frame_error.code(), "write: " + frame_error.message()));
+      if (cur.type == FrameType::kWriteGroup) {
+        group_uses.clear();  // releases the entries' regions
+        h.aux32 = cur.region_id;
+        respond(h, frame_error);  // names the first refused entry
+      } else {
+        frame_use.release();
+        respond(h, frame_error.ok()
+                       ? frame_error
+                       : Status(frame_error.code(), "write: " + frame_error.message()));
+      }
       if (cur.flags & core::kFlagImm) {
         bool failed = !frame_error.ok();
         if (cur.flags & core::kFlagLastOnStream) {
@@ -692,6 +1042,10 @@ Status TcpChannel::Stream::end_frame() {
     }
     case FrameType::kReadReq:
       return {};
+    case FrameType::kReadGroupReq:
+      answer_read_group();
+      return {};
+    case FrameType::kReadGroupData:
     case FrameType::kReadData:
     case FrameType::kWriteAck:
     case FrameType::kSendAck: {
@@ -704,7 +1058,10 @@ Status TcpChannel::Stream::end_frame() {
           (cur.status == 0 || cur.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
         ch.link_->tcp_messages.sent.fetch_add(1, std::memory_order_relaxed);
       }
-      if (op->finish_slices(1)) op->finish_posted();
+      int64_t slices = 1;  // a group's answer finishes each of its entries
+      if (cur.type == FrameType::kReadGroupData) slices = cur.region_id;
+      if (cur.type == FrameType::kWriteAck && cur.aux32 > 1) slices = cur.aux32;
+      if (op->finish_slices(slices)) op->finish_posted();
       return {};
     }
     case FrameType::kSend: {
@@ -737,6 +1094,16 @@ Status TcpChannel::Stream::end_frame() {
 
 Status TcpChannel::Stream::read_some(bool& would_block) {
   would_block = false;
+  if (in_payload && rpos == rend && group && sink_left > 0) {
+    // A group's table alone (its entries' bytes then go straight to them), or many entries.
+    if (!group_table_done) {
+      std::size_t got = 0;
+      Status st = recv_into(sink, sink_left, got, would_block);
+      sank(got);
+      return st;
+    }
+    return recv_group_direct(would_block);
+  }
   // Receive straight into the destination when much of the payload is still to come.
   if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
     std::size_t got = 0;
@@ -840,6 +1207,9 @@ Status TcpChannel::Stream::consume(int& frames) {
       rpos += n;
     }
     if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
+    bool more = false;
+    st = group_next_part(more);
+    if (!st.ok() || more) continue;
     in_payload = false;
     st = end_frame();
   }
@@ -890,17 +1260,20 @@ void TcpChannel::Stream::stop() {
     closed = true;
     while (!responses.empty()) {
       if (responses.front().lease != nullptr) RegionTable::release(responses.front().lease);
+      release_all(responses.front().leases);
       responses.pop_front();
     }
     for (; staged_count > 0; --staged_count) {
       Outbound& o = staged[staged_head];
       if (o.lease != nullptr) RegionTable::release(o.lease);
       o.lease = nullptr;
+      release_all(o.leases);
       staged_head = (staged_head + 1) % kMaxStaged;
     }
     queue_head = queue_tail = nullptr;
   }
   frame_use.release();
+  group_uses.clear();
   if (frame_counted) {  // its bytes will not come
     frame_counted = false;
     ch.link_->matcher.abandon(core::payload_length(cur));
