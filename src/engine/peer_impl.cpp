@@ -45,6 +45,15 @@ bool PeerImpl::lease_local(OpState* op, const Region* local, uint64_t offset, ui
   if (local == nullptr || !local->valid()) return false;
   const RegionRecord& rec = *local->record_;
   if (rec.engine.get() != engine.get()) return false;
+  // A batch's entries mostly share a local region: one lease of it serves them all.
+  if (!op->leases.empty() && op->leases.back()->id.load(std::memory_order_relaxed) == rec.id) {
+    if (!transport::RegionTable::allows_held(*op->leases.back(), rec.id, rec.key, offset, length,
+                                             Access::kLocal, addr)) {
+      return false;
+    }
+    *region_id = rec.id;
+    return true;
+  }
   transport::RegionSlot* slot =
       engine->regions().try_acquire(rec.id, rec.key, offset, length, Access::kLocal, addr);
   if (slot == nullptr) return false;
