@@ -53,6 +53,10 @@ constexpr std::size_t kMaxImmInProgress = 1 << 16;
 constexpr uint64_t kMaxGroupedSlice = 64 << 10;
 constexpr std::size_t kGroupTableBytes =
     std::size_t{core::kMaxGroupEntries} * core::kGroupEntrySize;
+// Bytes a caller's post() sends itself before it leaves the rest of the stream's work to the
+// progress thread (EPOLLOUT): a small operation goes out without a thread hop, and a large
+// batch's write() returns after about this much copying, not after the whole transfer.
+constexpr std::size_t kCallerSendBytes = 64 << 10;
 // Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
 constexpr int kMaxSendIov = 1024;
 constexpr int kMaxRecvIov = 64;
@@ -179,9 +183,9 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
 
   // All called with send_mu held.
   void enqueue_locked(OpState* op);
-  bool stage_more_locked();
-  Status flush_locked();
-  Status send_staged_locked();
+  bool stage_more_locked(std::size_t budget);
+  Status flush_locked(std::size_t budget = SIZE_MAX);
+  Status send_staged_locked(std::size_t budget);
   void arm_locked(bool out);
   void update_events_locked();
   void resume_reading_locked();
@@ -271,7 +275,7 @@ PostResult TcpChannel::post(OpState* op) {
     std::lock_guard lock(s.send_mu);
     if (s.closed) continue;  // closing: the close path fails the op
     s.enqueue_locked(op);
-    if (Status st = s.flush_locked(); !st.ok()) {
+    if (Status st = s.flush_locked(kCallerSendBytes); !st.ok()) {
       if (failed.ok()) failed = st;
       continue;
     }
@@ -570,9 +574,14 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
   advance(*op, c, static_cast<uint64_t>(op->lane_count));
 }
 
-bool TcpChannel::Stream::stage_more_locked() {
+// Stages answers and slices until the ring is full or frames of `budget` bytes are staged
+// (the caller of post() stages no more than it sends itself).
+bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
   bool staged_any = false;
-  while (staged_count < kMaxStaged) {
+  std::size_t staged_bytes = 0;
+  for (int i = 0; i < staged_count; ++i)
+    staged_bytes += staged[(staged_head + i) % kMaxStaged].wire;
+  while (staged_count < kMaxStaged && staged_bytes < budget) {
     if (!responses.empty()) {
       stage_response_locked(responses.front());
       responses.pop_front();
@@ -588,22 +597,29 @@ bool TcpChannel::Stream::stage_more_locked() {
       break;
     }
     staged_any = true;
+    staged_bytes += staged[(staged_head + staged_count - 1) % kMaxStaged].wire;
   }
   return staged_any;
 }
 
-Status TcpChannel::Stream::flush_locked() {
+// Sends what is staged and queued until the socket is full, or `budget` bytes were offered
+// (then the progress thread goes on when the socket is writable).
+Status TcpChannel::Stream::flush_locked(std::size_t budget) {
   if (closed) return {};
-  Status st = send_staged_locked();
+  Status st = send_staged_locked(budget);
   if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
   return st;
 }
 
-Status TcpChannel::Stream::send_staged_locked() {
+Status TcpChannel::Stream::send_staged_locked(std::size_t budget) {
   for (;;) {
-    stage_more_locked();
+    stage_more_locked(budget);
     if (staged_count == 0) {
       arm_locked(false);
+      return {};
+    }
+    if (budget == 0) {
+      arm_locked(true);
       return {};
     }
     iovec iov[kMaxSendIov];
@@ -615,11 +631,13 @@ Status TcpChannel::Stream::send_staged_locked() {
         skip -= length;
         return true;
       }
-      if (n == kMaxSendIov) return false;
-      iov[n++] = {const_cast<uint8_t*>(p) + skip, length - skip};
-      total += length - skip;
+      if (n == kMaxSendIov || total == budget) return false;
+      std::size_t take = std::min(length - skip, budget - total);
+      bool whole = take == length - skip;
+      iov[n++] = {const_cast<uint8_t*>(p) + skip, take};
+      total += take;
       skip = 0;
-      return true;
+      return whole;
     };
     for (int i = 0; i < staged_count; ++i) {
       Outbound& o = staged[(staged_head + i) % kMaxStaged];
@@ -662,6 +680,7 @@ Status TcpChannel::Stream::send_staged_locked() {
       staged_head = (staged_head + 1) % kMaxStaged;
       --staged_count;
     }
+    if (budget != SIZE_MAX) budget -= static_cast<std::size_t>(sent);
     if (static_cast<std::size_t>(sent) < total) {
       arm_locked(true);
       return {};
