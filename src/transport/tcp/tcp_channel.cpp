@@ -78,6 +78,7 @@ struct Outbound {
   const uint8_t* payload = nullptr;
   uint64_t payload_length = 0;  // of the first piece after the header
   uint64_t wire = 0;            // the whole frame: header, payload and segments
+  uint64_t asks = 0;            // a read request: the bytes it asks the peer to send
   RegionSlot* lease = nullptr;  // region held while its bytes are being sent
   std::string text;             // error text payload
   std::vector<uint8_t> table;   // capacity kept across reuses
@@ -444,6 +445,7 @@ void TcpChannel::Stream::stage_response_locked(Response& r) {
   }
   o.payload_length = core::payload_length(r.header);
   o.wire = core::kFrameHeaderSize + o.payload_length;
+  o.asks = 0;
   o.lease = r.lease;
   if (!r.table.empty()) {  // a group answer: table, then the entries' bytes
     o.table.swap(r.table);
@@ -512,6 +514,7 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
   o.payload = o.table.data();
   o.payload_length = o.table.size();
   o.wire = core::kFrameHeaderSize + h.length;
+  o.asks = write ? 0 : bytes;
   o.lease = nullptr;
   core::encode_header(h, o.header);
   ++staged_count;
@@ -566,6 +569,7 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
       break;  // never queued
   }
   o.wire = core::kFrameHeaderSize + o.payload_length;
+  o.asks = op->kind == OpKind::kRead ? length : 0;
   core::encode_header(h, o.header);
   ++staged_count;
   --credits;
@@ -574,13 +578,15 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
   advance(*op, c, static_cast<uint64_t>(op->lane_count));
 }
 
-// Stages answers and slices until the ring is full or frames of `budget` bytes are staged
-// (the caller of post() stages no more than it sends itself).
+// Stages answers and slices until the ring is full or frames of `budget` bytes are staged,
+// counting the bytes a read request asks for (the caller of post() stages no more than it
+// sends itself, and asks for no more than that either).
 bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
   bool staged_any = false;
+  auto weight = [](const Outbound& o) { return o.wire + o.asks; };
   std::size_t staged_bytes = 0;
   for (int i = 0; i < staged_count; ++i)
-    staged_bytes += staged[(staged_head + i) % kMaxStaged].wire;
+    staged_bytes += weight(staged[(staged_head + i) % kMaxStaged]);
   while (staged_count < kMaxStaged && staged_bytes < budget) {
     if (!responses.empty()) {
       stage_response_locked(responses.front());
@@ -597,7 +603,7 @@ bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
       break;
     }
     staged_any = true;
-    staged_bytes += staged[(staged_head + staged_count - 1) % kMaxStaged].wire;
+    staged_bytes += weight(staged[(staged_head + staged_count - 1) % kMaxStaged]);
   }
   return staged_any;
 }
