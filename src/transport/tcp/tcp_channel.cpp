@@ -53,9 +53,10 @@ constexpr std::size_t kMaxImmInProgress = 1 << 16;
 constexpr uint64_t kMaxGroupedSlice = 64 << 10;
 constexpr std::size_t kGroupTableBytes =
     std::size_t{core::kMaxGroupEntries} * core::kGroupEntrySize;
-// Bytes a caller's post() sends itself before it leaves the rest of the stream's work to the
-// progress thread (EPOLLOUT): a small operation goes out without a thread hop, and a large
-// batch's write() returns after about this much copying, not after the whole transfer.
+// Bytes a caller's post() stages and sends itself, over all the op's streams, before it leaves
+// the rest to the progress thread (EPOLLOUT); whole frames, at least the first: an operation of
+// one slice goes out without a thread hop, as before, and a large batch's write() returns after
+// its first frame (one group), not after its whole transfer.
 constexpr std::size_t kCallerSendBytes = 64 << 10;
 // Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
 constexpr int kMaxSendIov = 1024;
@@ -185,15 +186,16 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   // All called with send_mu held.
   void enqueue_locked(OpState* op);
   bool stage_more_locked(std::size_t budget);
-  Status flush_locked(std::size_t budget = SIZE_MAX);
-  Status send_staged_locked(std::size_t budget);
+  Status flush_locked();
+  Status flush_locked(std::size_t& budget);
+  Status send_staged_locked(std::size_t& budget);
   void arm_locked(bool out);
   void update_events_locked();
   void resume_reading_locked();
   void post_resume();  // any thread
   void stage_response_locked(Response& r);
-  void stage_slice_locked(OpState* op, int lane);
-  bool stage_group_locked(OpState* op, int lane);
+  void stage_slice_locked(OpState* op, int lane, std::size_t group_bytes);
+  bool stage_group_locked(OpState* op, int lane, std::size_t group_bytes);
 
   // Loop thread.
   Status read_some(bool& would_block);
@@ -270,13 +272,14 @@ Status TcpChannel::attach(int index, core::Fd fd) {
 PostResult TcpChannel::post(OpState* op) {
   PostResult result = PostResult::kAccepted;
   Status failed;
+  std::size_t budget = kCallerSendBytes;  // shared by the op's streams
   int n = static_cast<int>(streams_.size());
   for (int lane = 0; lane < op->lane_count; ++lane) {
     Stream& s = *streams_[static_cast<std::size_t>((op->first_lane + lane) % n)];
     std::lock_guard lock(s.send_mu);
     if (s.closed) continue;  // closing: the close path fails the op
     s.enqueue_locked(op);
-    if (Status st = s.flush_locked(kCallerSendBytes); !st.ok()) {
+    if (Status st = s.flush_locked(budget); !st.ok()) {
       if (failed.ok()) failed = st;
       continue;
     }
@@ -468,7 +471,7 @@ uint64_t slice_at(const OpState& op, const LaneCursor& c) {
 
 // Stages the lane's next slices of a write or read as one group frame when at least two of them
 // are small; false (nothing staged) otherwise.
-bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
+bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane, std::size_t group_bytes) {
   LaneCursor& c = op->lanes[lane];
   if (c.remaining < 2 || (op->kind != OpKind::kWrite && op->kind != OpKind::kRead)) return false;
   auto step = static_cast<uint64_t>(op->lane_count);
@@ -476,8 +479,8 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
   LaneCursor next = c;
   advance(*op, next, step);
   uint64_t second = slice_at(*op, next);
-  if (first > kMaxGroupedSlice || second > kMaxGroupedSlice || first + second > op->slice_bytes)
-    return false;
+  uint64_t limit = std::min<uint64_t>(op->slice_bytes, group_bytes);
+  if (first > kMaxGroupedSlice || second > kMaxGroupedSlice || first + second > limit) return false;
 
   bool write = op->kind == OpKind::kWrite;
   Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
@@ -490,7 +493,7 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
   while (c.remaining > 0 && n < core::kMaxGroupEntries) {
     const OpEntry& e = op->entries[c.entry];
     uint64_t length = slice_at(*op, c);
-    if (length > kMaxGroupedSlice || bytes + length > op->slice_bytes) break;
+    if (length > kMaxGroupedSlice || bytes + length > limit) break;
     core::GroupEntry g{e.remote_region, static_cast<uint32_t>(length), e.remote_key,
                        e.remote_offset + c.offset, c.entry};
     o.table.resize(o.table.size() + core::kGroupEntrySize);
@@ -523,8 +526,10 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane) {
   return true;
 }
 
-void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
-  if (stage_group_locked(op, lane)) return;
+// `group_bytes`: the most data a group frame may move (the caller's budget; else unlimited, and
+// a group moves at most a slice).
+void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t group_bytes) {
+  if (stage_group_locked(op, lane, group_bytes)) return;
   LaneCursor& c = op->lanes[lane];
   const OpEntry& e = op->entries[c.entry];
   uint64_t length = e.length - c.offset;
@@ -594,7 +599,7 @@ bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
     } else if (queue_head != nullptr && credits > 0) {
       OpState* op = queue_head;
       int lane = lane_of(op);
-      stage_slice_locked(op, lane);
+      stage_slice_locked(op, lane, budget - staged_bytes);
       if (op->lanes[lane].remaining == 0) {
         queue_head = op->lane_next[lane];
         if (queue_head == nullptr) queue_tail = nullptr;
@@ -608,24 +613,30 @@ bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
   return staged_any;
 }
 
+Status TcpChannel::Stream::flush_locked() {
+  std::size_t unlimited = SIZE_MAX;
+  return flush_locked(unlimited);
+}
+
 // Sends what is staged and queued until the socket is full, or `budget` bytes were offered
-// (then the progress thread goes on when the socket is writable).
-Status TcpChannel::Stream::flush_locked(std::size_t budget) {
+// (then the progress thread goes on when the socket is writable); takes what it offered off
+// the budget.
+Status TcpChannel::Stream::flush_locked(std::size_t& budget) {
   if (closed) return {};
   Status st = send_staged_locked(budget);
   if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
   return st;
 }
 
-Status TcpChannel::Stream::send_staged_locked(std::size_t budget) {
+Status TcpChannel::Stream::send_staged_locked(std::size_t& budget) {
   for (;;) {
+    if (budget == 0) {  // the progress thread goes on (it finds nothing to do, at worst)
+      arm_locked(true);
+      return {};
+    }
     stage_more_locked(budget);
     if (staged_count == 0) {
       arm_locked(false);
-      return {};
-    }
-    if (budget == 0) {
-      arm_locked(true);
       return {};
     }
     iovec iov[kMaxSendIov];
@@ -637,15 +648,14 @@ Status TcpChannel::Stream::send_staged_locked(std::size_t budget) {
         skip -= length;
         return true;
       }
-      if (n == kMaxSendIov || total == budget) return false;
-      std::size_t take = std::min(length - skip, budget - total);
-      bool whole = take == length - skip;
-      iov[n++] = {const_cast<uint8_t*>(p) + skip, take};
-      total += take;
+      if (n == kMaxSendIov) return false;
+      iov[n++] = {const_cast<uint8_t*>(p) + skip, length - skip};
+      total += length - skip;
       skip = 0;
-      return whole;
+      return true;
     };
     for (int i = 0; i < staged_count; ++i) {
+      if (i > 0 && total >= budget) break;  // whole frames, at least the first
       Outbound& o = staged[(staged_head + i) % kMaxStaged];
       std::size_t skip = i == 0 ? front_sent : 0;
       bool fits = add(o.header, core::kFrameHeaderSize, skip) &&
@@ -686,7 +696,7 @@ Status TcpChannel::Stream::send_staged_locked(std::size_t budget) {
       staged_head = (staged_head + 1) % kMaxStaged;
       --staged_count;
     }
-    if (budget != SIZE_MAX) budget -= static_cast<std::size_t>(sent);
+    if (budget != SIZE_MAX) budget -= std::min(budget, static_cast<std::size_t>(sent));
     if (static_cast<std::size_t>(sent) < total) {
       arm_locked(true);
       return {};
