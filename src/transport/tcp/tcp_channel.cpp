@@ -60,7 +60,7 @@ constexpr std::size_t kGroupTableBytes =
 constexpr std::size_t kCallerSendBytes = 64 << 10;
 // Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
 constexpr int kMaxSendIov = 1024;
-constexpr int kMaxRecvIov = 64;
+constexpr int kMaxRecvIov = static_cast<int>(core::kMaxGroupEntries);  // a whole group
 
 Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
 }  // namespace
