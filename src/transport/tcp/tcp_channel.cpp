@@ -679,6 +679,7 @@ Status TcpChannel::Stream::send_staged_locked(std::size_t& budget) {
                               ErrorCode::kPeerLost);
     }
     auto left = static_cast<std::size_t>(sent);
+    std::size_t spent = left;  // what went out, and what the read requests that went ask for
     while (staged_count > 0) {
       Outbound& o = staged[staged_head];
       std::size_t frame_left = o.wire - front_sent;
@@ -687,6 +688,7 @@ Status TcpChannel::Stream::send_staged_locked(std::size_t& budget) {
         break;
       }
       left -= frame_left;
+      spent += o.asks;
       front_sent = 0;
       if (o.lease != nullptr) RegionTable::release(o.lease);
       o.lease = nullptr;
@@ -696,7 +698,7 @@ Status TcpChannel::Stream::send_staged_locked(std::size_t& budget) {
       staged_head = (staged_head + 1) % kMaxStaged;
       --staged_count;
     }
-    if (budget != SIZE_MAX) budget -= std::min(budget, static_cast<std::size_t>(sent));
+    if (budget != SIZE_MAX) budget -= std::min(budget, spent);
     if (static_cast<std::size_t>(sent) < total) {
       arm_locked(true);
       return {};
