@@ -93,6 +93,10 @@ struct Config {
 
   // A peer silent for this long is declared lost and its operations fail with kPeerLost.
   Duration peer_timeout = std::chrono::seconds(10);
+  // Region::deregister() waits for the accesses in progress; after this long, the peers whose
+  // accesses (or whose part in our operations on the region) still hold it are closed, their
+  // operations failing with kRevoked, so no peer can hold a deregistration longer.
+  Duration revoke_timeout = std::chrono::seconds(5);
   Duration connect_timeout = std::chrono::seconds(10);
   // write_with_imm notifications waiting for next_imm(), per peer and in all. A peer whose
   // notification finds either full is closed with kResourceExhausted (its operations fail):

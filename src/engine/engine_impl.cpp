@@ -63,6 +63,7 @@ void validate(const Config& c) {
   }
   if (c.slices_in_flight_per_stream < 1) bad("slices_in_flight_per_stream must be >= 1");
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
+  if (c.revoke_timeout.count() < 0) bad("revoke_timeout must be >= 0");
   if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1) {
     bad("max_peers, max_handshakes and max_handshakes_per_source must be >= 1");
   }
@@ -227,7 +228,24 @@ void EngineImpl::deregister(RegionRecord& record) {
       recv->finish_posted();
     }
   }
-  regions_.revoke(record.id);
+  regions_.revoke(record.id, config.revoke_timeout, [&] {
+    Status why{ErrorCode::kRevoked,
+               "region " + std::to_string(record.id) + " was deregistered and its accesses " +
+                   "did not end within revoke_timeout (" +
+                   std::to_string(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(config.revoke_timeout)
+                           .count()) +
+                   " ms)"};
+    for (auto& p : peers) {
+      // An operation of ours from or into the region waits for this peer: it fails with it.
+      if (p->link->pool->posted_uses_region(record.id)) {
+        p->close(why);
+        continue;
+      }
+      if (p->verbs) p->verbs->cut_off(record.base, record.length, why);
+      p->channel->cut_off(record.base, record.length, why);
+    }
+  });
   for (auto& t : transports_) t->deregister_region(record.id);
 }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -286,6 +287,82 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
   flooder.join();
   EXPECT_TRUE(eventually([&] { return server.stats().peers == 1; }))
       << "the flooder stays connected (it is alive, only slow); the legitimate peer left";
+}
+
+// A raw peer admitted by `server` with one data stream: what a hostile client holds after a
+// complete handshake.
+struct RawPeer {
+  explicit RawPeer(Engine& server, uint64_t id) : control(server, kOtherHost) {
+    control.send(engine::encode(hello_from(id)));
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    EXPECT_TRUE(control.read(h, body).ok());
+    engine::HelloAck ack;
+    EXPECT_TRUE(engine::decode(body, ack).ok());
+    stream = std::make_unique<Raw>(server, kOtherHost);
+    engine::Join join;
+    join.token = ack.token;
+    stream->send(engine::encode(join));
+    EXPECT_TRUE(stream->read(h, body).ok());
+    EXPECT_EQ(h.type, core::FrameType::kJoinOk);
+  }
+  Raw control;
+  std::unique_ptr<Raw> stream;
+};
+
+TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
+  Config c = test_config();
+  c.tcp_streams = 1;
+  c.revoke_timeout = std::chrono::milliseconds(200);
+  Engine server(c);
+  std::vector<uint8_t> mem(1 << 20, 0);
+  Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  Descriptor d = region.descriptor();
+  RawPeer raw(server, 91);
+  auto accepted = server.accept(kWait);
+  ASSERT_TRUE(accepted.has_value());
+  // A write of the whole region whose bytes stop coming after the first 10.
+  core::FrameHeader w;
+  w.type = core::FrameType::kWrite;
+  w.region_id = d.region_id;
+  std::memcpy(&w.key, d.key_for(TransportKind::kTcp)->bytes, sizeof w.key);
+  w.length = static_cast<uint32_t>(mem.size());
+  w.op_id = 1;
+  std::vector<uint8_t> frame(core::kFrameHeaderSize + 10, 0xab);
+  core::encode_header(w, frame.data());
+  raw.stream->send(frame);
+  ASSERT_TRUE(eventually([&] { return mem[9] == 0xab; }));
+  region.deregister();  // returns once the stalled peer is cut off
+  EXPECT_TRUE(eventually([&] { return !accepted->connected(); }));
+  expect_legitimate_peer_served(server);
+}
+
+TEST(Hostile, APeerThatNeverAnswersCannotHoldADeregistrationOfOurs) {
+  Config ic = test_config();
+  ic.revoke_timeout = std::chrono::milliseconds(200);
+  Pair p(test_config(), ic);
+  // The target's only progress thread is held in a notification callback: it answers nothing.
+  std::promise<void> in_callback, release;
+  std::shared_future<void> released = release.get_future().share();
+  p.target.on_imm([&in_callback, released](const ImmEvent&) {
+    in_callback.set_value();
+    released.wait();
+  });
+  Buffer remote(p.target, 1 << 20, Access::kRemoteWrite, 1);
+  Descriptor d = remote.region.descriptor();
+  Buffer small(p.initiator, 8, Access::kLocal, 2);
+  Transfer poke{&small.region, 0, &d, 0, 8};
+  Future notified = p.peer.write_with_imm({&poke, 1}, 1);
+  in_callback.get_future().wait();
+  std::vector<uint8_t> src(64 << 10, 7);
+  Region local = p.initiator.register_memory(src.data(), src.size(), Access::kLocal);
+  Transfer t{&local, 0, &d, 0, src.size()};
+  Future stuck = p.peer.write({&t, 1});
+  local.deregister();  // returns: the peer holding it is closed
+  Status s = stuck.wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kRevoked) << s.to_string();
+  release.set_value();
+  (void)notified.wait(kWait);
 }
 
 // Opens connections from the child of a fork(): system calls only (no allocation, which is

@@ -154,6 +154,9 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
                RegionSlot* lease = nullptr);
   void fail(const Status& reason);
   void stop();
+  // Whether the stream is placing bytes into [base, base + length) or sending from it (loop
+  // thread).
+  bool touches(const uint8_t* base, uint64_t length);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -248,6 +251,16 @@ void TcpChannel::close(const Status& reason) {
   stream_stopped();
 }
 
+void TcpChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
+  if (closing_.load()) return;
+  auto self = shared_from_this();
+  for (auto& s : streams_) {
+    host_.reactor().post(s->loop, [self, s, base, length, why] {
+      if (s->touches(base, length)) self->close(why);
+    });
+  }
+}
+
 void TcpChannel::stop_after_reactor() {
   for (auto& s : streams_) s->stop();
 }
@@ -328,6 +341,16 @@ void TcpChannel::imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm,
     }
   }
   if (deliver) host_.deliver_imm(*link_, imm);
+}
+
+bool TcpChannel::Stream::touches(const uint8_t* base, uint64_t length) {
+  auto inside = [&](const uint8_t* p) { return p != nullptr && p >= base && p < base + length; };
+  if (inside(sink)) return true;
+  std::lock_guard lock(send_mu);
+  for (int i = 0; i < staged_count; ++i) {
+    if (inside(staged[(staged_head + i) % kMaxStaged].payload)) return true;
+  }
+  return responses.any_of([&](const Response& r) { return inside(r.payload); });
 }
 
 // ---------------------------------------------------------------------------------------------

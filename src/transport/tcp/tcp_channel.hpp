@@ -42,6 +42,7 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
   bool closed() const override { return closing_.load(); }
+  void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
   // Every stream has stopped and the in-flight operations have been failed.
   bool fully_closed() const { return closing_.load() && live_streams_.load() == 0; }
   // Stops the remaining streams on the calling thread; only once the reactor has stopped.
