@@ -282,6 +282,21 @@ EngineStats EngineImpl::stats() const {
   return s;
 }
 
+EngineImpl::MemoryBound EngineImpl::memory_bound(const Config& c) {
+  transport::tcp::TcpOptions options;
+  options.streams = c.tcp_streams;
+  options.slices_in_flight_per_stream = c.slices_in_flight_per_stream;
+  MemoryBound b{};
+  b.per_handshake = Listener::worst_case_handshake_bytes();
+  b.per_peer_fixed = sizeof(PeerImpl) + sizeof(transport::PeerLink) + sizeof(transport::OpPool) +
+                     kControlBytes + transport::tcp::TcpChannel::worst_case_bytes(options);
+  b.per_peer = b.per_peer_fixed + c.max_unexpected_bytes + c.max_queued_imms * kQueuedImmBytes;
+  b.engine = c.max_handshakes * b.per_handshake + c.max_peers * b.per_peer_fixed +
+             std::min(c.max_peers * c.max_unexpected_bytes, c.max_unexpected_bytes_total) +
+             std::min(c.max_peers * c.max_queued_imms, c.max_queued_imms_total) * kQueuedImmBytes;
+  return b;
+}
+
 Status EngineImpl::create_verbs_channel(const std::shared_ptr<PeerImpl>& peer) {
   if (verbs_ == nullptr) return {ErrorCode::kUnsupported, "verbs chosen but no device is open"};
   std::weak_ptr<PeerImpl> weak = peer;

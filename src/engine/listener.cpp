@@ -92,6 +92,13 @@ Listener::Listener(EngineImpl& engine, core::Fd socket)
 
 Listener::~Listener() { stop(); }
 
+std::size_t Listener::worst_case_handshake_bytes() {
+  constexpr std::size_t kFrame = core::kFrameHeaderSize + core::kMaxControlPayload;
+  // The frame being read, at most two replies queued (HELLO_ACK then AUTH_OK or VERBS_ADDRESS),
+  // the map nodes and the per-source count.
+  return sizeof(Handshake) + 3 * kFrame + 256;
+}
+
 void Listener::start() {
   thread_ = std::thread([this] { run(); });
 }

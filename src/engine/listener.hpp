@@ -34,6 +34,9 @@ class Listener {
   // Wakes the thread, fails every pending handshake with kCancelled and joins. Idempotent.
   void stop();
 
+  // The most memory one pending handshake holds (docs/architecture.md, "Limits").
+  static std::size_t worst_case_handshake_bytes();
+
   std::size_t pending() const { return pending_.load(std::memory_order_relaxed); }
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   uint64_t accept_failures() const { return accept_failures_.load(std::memory_order_relaxed); }

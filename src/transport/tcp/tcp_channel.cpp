@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -259,6 +260,19 @@ void TcpChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why
       if (s->touches(base, length)) self->close(why);
     });
   }
+}
+
+std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
+  std::size_t response_limit =
+      std::max(kMinResponseLimit,
+               2 * static_cast<std::size_t>(std::max(options.slices_in_flight_per_stream, 1)));
+  // The ring doubles past the limit once; each answer may carry an error text (a heap string).
+  std::size_t responses =
+      2 * std::bit_ceil(response_limit) * (sizeof(Response) + core::kMaxErrorText);
+  std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
+                           kMaxStaged * core::kMaxErrorText;
+  return sizeof(TcpChannel) + static_cast<std::size_t>(options.streams) * per_stream +
+         std::bit_ceil(kMaxImmInProgress) * sizeof(ImmProgress);
 }
 
 void TcpChannel::stop_after_reactor() {

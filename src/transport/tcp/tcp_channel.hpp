@@ -35,6 +35,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
                                             std::function<void(const Status&)> on_closed);
   ~TcpChannel() override;
 
+  // The most memory one channel can hold whatever its peer sends (docs/architecture.md,
+  // "Limits"); unmatched messages are counted by the peer's matcher, not here.
+  static std::size_t worst_case_bytes(const TcpOptions& options);
+
   // Hands a connected socket to stream `index`. Every stream must be attached before post().
   Status attach(int index, core::Fd fd);
 
