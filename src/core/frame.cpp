@@ -22,13 +22,14 @@ void encode_header(const FrameHeader& h, uint8_t* out) {
 bool is_control(FrameType t) { return static_cast<uint8_t>(t) < 16; }
 
 uint32_t payload_length(const FrameHeader& h) {
-  return h.type == FrameType::kReadReq ? 0 : h.length;
+  bool announce = h.type == FrameType::kSend && (h.flags & kFlagAnnounce) != 0;
+  return h.type == FrameType::kReadReq || announce ? 0 : h.length;
 }
 
 Status decode_header(const uint8_t* in, FrameHeader& out) {
   FrameHeader h;
   uint8_t type = in[0];
-  bool known = (type >= 1 && type <= 11) || (type >= 16 && type <= 21);
+  bool known = (type >= 1 && type <= 11) || (type >= 16 && type <= 22);
   if (!known) return {ErrorCode::kProtocol, "frame: unknown type " + std::to_string(type)};
   h.type = static_cast<FrameType>(type);
   h.flags = in[1];
@@ -41,8 +42,10 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
   h.offset = load_le(in + 32, 8);
   h.aux64 = load_le(in + 40, 8);
 
-  uint8_t allowed_flags = h.type == FrameType::kWrite ? (kFlagImm | kFlagLastOnStream) : 0;
-  if ((h.flags & ~allowed_flags) != 0) {
+  uint8_t allowed_flags = h.type == FrameType::kWrite  ? (kFlagImm | kFlagLastOnStream)
+                          : h.type == FrameType::kSend ? (kFlagAnnounce | kFlagRendezvous)
+                                                       : 0;
+  if ((h.flags & ~allowed_flags) != 0 || h.flags == (kFlagAnnounce | kFlagRendezvous)) {
     return {ErrorCode::kProtocol, "frame: flags " + std::to_string(h.flags) + " not valid here"};
   }
   if (h.status > static_cast<uint16_t>(ErrorCode::kUnsupported)) {
@@ -56,6 +59,9 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
   bool carries_error_text = is_ack || h.type == FrameType::kReadData;
   if (carries_error_text && h.status != 0 && h.length > kMaxErrorText) {
     return {ErrorCode::kProtocol, "frame: error text of " + std::to_string(h.length) + " bytes"};
+  }
+  if (h.type == FrameType::kSendCts && h.length != 0) {
+    return {ErrorCode::kProtocol, "frame: clear-to-send with a payload"};
   }
   if (is_ack && h.status == 0 && h.length != 0) {
     return {ErrorCode::kProtocol, "frame: successful ack with a payload"};

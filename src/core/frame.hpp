@@ -29,11 +29,14 @@ enum class FrameType : uint8_t {
   kReadData = 19,  // payload: data (or error text when status != ok)
   kSend = 20,      // key = tag; payload: message
   kSendAck = 21,   // status; payload: error text when status != ok
+  kSendCts = 22,   // a receive took the announced message op_id: send its bytes
 };
 
 enum FrameFlags : uint8_t {
   kFlagImm = 1,           // kWrite belongs to a write_with_imm: aux32 = imm, aux64 = streams used
   kFlagLastOnStream = 2,  // last kWrite of its operation on this stream
+  kFlagAnnounce = 4,      // kSend: announces a large message of `length` bytes; no payload
+  kFlagRendezvous = 8,    // kSend: the bytes of the announced message op_id, after kSendCts
 };
 
 struct FrameHeader {

@@ -254,6 +254,7 @@ std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
   transport::tcp::TcpOptions options;
   options.streams = streams;
   options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
+  options.eager_bytes = config.tcp_eager_bytes;
   std::weak_ptr<PeerImpl> weak = peer;
   peer->open_channels.fetch_add(1);
   return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak](const Status& why) {

@@ -257,6 +257,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "Operations above this size use every socket")
       ->type_name("SIZE")
       ->default_str(human_size(engine.stripe_threshold));
+  add(b, "--eager", o.eager_bytes, bytes(0, kNoMax),
+      "TCP messages above this size wait for the receiver's receive (rendezvous)")
+      ->type_name("SIZE")
+      ->default_str(human_size(engine.tcp_eager_bytes));
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

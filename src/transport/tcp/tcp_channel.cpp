@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <unordered_map>
 
 #include "core/sys.hpp"
 
@@ -103,6 +104,8 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   bool frame_counted = false;         // the matcher counts the message until commit or abandon
   bool need_flush = false;
   bool last_payload_large = false;
+  // Announced messages a receive took, by the sender's op id, until their bytes come.
+  std::unordered_map<uint64_t, OpState*> announced;
   std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
 
   // ---- send side: guarded by send_mu ----
@@ -149,6 +152,15 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
+  bool rendezvous(const OpState& send) const {
+    return send.entries[0].length > ch.options_.eager_bytes;
+  }
+  // A receive took the announced message `sender_op`: its bytes are asked for (loop thread).
+  void clear_to_send(uint64_t sender_op, OpState* recv);
+  // The same, for a receive posted after the announcement (any thread).
+  void taken_later(const std::shared_ptr<Stream>& self, uint64_t sender_op, OpState* recv);
+  Status on_announce();
+  Status on_clear_to_send();
   std::size_t sink_room(std::size_t n);
   void sank(std::size_t n);
   void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
@@ -464,6 +476,12 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
     case OpKind::kSend:
       h.type = FrameType::kSend;
       h.key = op->tag;
+      if (rendezvous(*op)) {  // the bytes follow the receiver's kSendCts, uncounted by credits
+        h.flags = core::kFlagAnnounce;
+        ++credits;
+        --outstanding;
+        break;
+      }
       o.payload = e.local;
       o.payload_length = length;
       break;
@@ -600,6 +618,7 @@ Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
   if (frame_op == nullptr || frame_op->kind != kind) {
     return {ErrorCode::kProtocol, "reply for unknown operation " + std::to_string(cur.op_id)};
   }
+  if (kind == OpKind::kSend && rendezvous(*frame_op)) return {};  // it took no credit
   std::lock_guard lock(send_mu);
   if (outstanding == 0) return {ErrorCode::kProtocol, "reply with no request outstanding"};
   --outstanding;
@@ -680,7 +699,24 @@ Status TcpChannel::Stream::begin_frame() {
       sink_left = payload;
       return {};
     }
+    case FrameType::kSendCts:
+      return on_clear_to_send();
     case FrameType::kSend: {
+      if (cur.flags & core::kFlagAnnounce) return on_announce();
+      if (cur.flags & core::kFlagRendezvous) {
+        auto it = announced.find(cur.op_id);
+        if (it == announced.end()) {
+          return {ErrorCode::kProtocol,
+                  "message bytes nobody asked for (op " + std::to_string(cur.op_id) + ")"};
+        }
+        frame_op = it->second;
+        announced.erase(it);
+        const OpEntry& dst = frame_op->entries[0];
+        sink = dst.local;
+        sink_left = payload < dst.length ? payload : dst.length;
+        discard_left = payload - sink_left;
+        return {};
+      }
       Matcher::Arrival a = ch.link_->matcher.arrive(cur.key, payload);
       if (!a.error.ok()) {
         frame_error = a.error;
@@ -744,7 +780,10 @@ Status TcpChannel::Stream::end_frame() {
       if (op->finish_slices(1)) op->finish_posted();
       return {};
     }
+    case FrameType::kSendCts:
+      return {};
     case FrameType::kSend: {
+      if (cur.flags & core::kFlagAnnounce) return {};  // answered when a receive takes it
       FrameHeader h;
       h.type = FrameType::kSendAck;
       h.op_id = cur.op_id;
@@ -770,6 +809,81 @@ Status TcpChannel::Stream::end_frame() {
     default:
       return {};
   }
+}
+
+namespace {
+// An announced message waiting in the matcher for a receive.
+struct Announced final : Rendezvous {
+  Announced(std::weak_ptr<TcpChannel::Stream> stream, uint64_t sender_op)
+      : stream(std::move(stream)), sender_op(sender_op) {}
+  void matched(OpState* recv) override;
+  std::weak_ptr<TcpChannel::Stream> stream;
+  uint64_t sender_op;
+};
+}  // namespace
+
+Status TcpChannel::Stream::on_announce() {
+  if (announced.count(cur.op_id) != 0) {
+    return {ErrorCode::kProtocol, "message " + std::to_string(cur.op_id) + " announced twice"};
+  }
+  auto message =
+      std::make_shared<Announced>(ch.streams_[static_cast<std::size_t>(index)], cur.op_id);
+  Status refused;
+  // Only the announcement is held (counted like an empty message): its bytes stay with the
+  // sender until a receive takes it.
+  OpState* recv = ch.link_->matcher.announce(cur.key, 0, message, refused);
+  if (!refused.ok()) {
+    FrameHeader h;
+    h.type = FrameType::kSendAck;
+    h.op_id = cur.op_id;
+    respond(h, refused);
+  } else if (recv != nullptr) {
+    clear_to_send(cur.op_id, recv);
+  }
+  return {};
+}
+
+void Announced::matched(OpState* recv) {
+  // Without the stream the channel is gone: the receive fails with the peer.
+  if (auto s = stream.lock()) s->taken_later(s, sender_op, recv);
+}
+
+void TcpChannel::Stream::taken_later(const std::shared_ptr<Stream>& self, uint64_t sender_op,
+                                     OpState* recv) {
+  ch.link_->matcher.release(0);
+  ch.host_.reactor().post(loop, [self, sender_op, recv] {
+    if (self->stopped) return;
+    self->clear_to_send(sender_op, recv);
+    self->on_event(0);  // sends the answer
+  });
+}
+
+void TcpChannel::Stream::clear_to_send(uint64_t sender_op, OpState* recv) {
+  announced.emplace(sender_op, recv);
+  FrameHeader h;
+  h.type = FrameType::kSendCts;
+  h.op_id = sender_op;
+  respond(h, {});
+}
+
+Status TcpChannel::Stream::on_clear_to_send() {
+  OpState* op = ch.link_->pool->lookup(cur.op_id);
+  if (op == nullptr || op->kind != OpKind::kSend || !rendezvous(*op) || op->peer_token != 0) {
+    return {ErrorCode::kProtocol, "clear-to-send for no announced message"};
+  }
+  op->peer_token = 1;  // asked for once
+  const OpEntry& e = op->entries[0];
+  FrameHeader h;
+  h.type = FrameType::kSend;
+  h.flags = core::kFlagRendezvous;
+  h.op_id = cur.op_id;
+  h.key = op->tag;
+  h.length = static_cast<uint32_t>(e.length);
+  // The bytes hold the region as a read answer does, so that they never outlive it.
+  RegionSlot* lease = op->leases.front();
+  lease->users.fetch_add(1);
+  respond(h, {}, e.local, lease);
+  return {};
 }
 
 Status TcpChannel::Stream::read_some(bool& would_block) {

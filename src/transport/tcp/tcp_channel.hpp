@@ -25,6 +25,8 @@ namespace ferry::transport::tcp {
 struct TcpOptions {
   int streams = 2;
   int slices_in_flight_per_stream = 64;
+  // Messages above this are announced and sent once a receive takes them (Config).
+  std::size_t eager_bytes = 1 << 20;
 };
 
 class TcpChannel final : public Channel, public std::enable_shared_from_this<TcpChannel> {
