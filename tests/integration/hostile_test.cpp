@@ -79,10 +79,10 @@ TEST(Hostile, SilentConnectionsDelayNeitherConnectsNorShutdown) {
   // Shutdown ends them at once: each is told kCancelled, not left to time out after 60 s.
   auto started = Clock::now();
   server.shutdown();
-  std::printf("[ figure ] shutdown() with 30 silent handshakes pending: %lld us\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                         Clock::now() - started)
-                                         .count()));
+  std::printf(
+      "[ figure ] shutdown() with 30 silent handshakes pending: %lld us\n",
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count()));
   for (auto& raw : silent) raw->expect_refusal(ErrorCode::kCancelled);
 }
 

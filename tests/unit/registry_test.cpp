@@ -46,13 +46,21 @@ TEST(RegionTable, ValidatesEveryAccess) {
   EXPECT_TRUE(t.acquire(id2, 77, 0, 1, Access::kRemoteRead, &addr, use).ok());
 }
 
-TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
+// A region of 8 bytes with one access in progress.
+struct HeldRegion {
+  HeldRegion() {
+    uint8_t* addr = nullptr;
+    EXPECT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
+  }
   RegionTable t;
-  std::vector<uint8_t> mem(8);
+  std::vector<uint8_t> mem = std::vector<uint8_t>(8);
   uint32_t id = t.insert(mem.data(), mem.size(), Access::kRemoteWrite, 1);
-  uint8_t* addr = nullptr;
   RegionUse use;
-  ASSERT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
+};
+
+TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
+  HeldRegion r;
+  auto& [t, mem, id, use] = r;
   std::atomic<bool> revoked{false};
   std::thread revoker([&] {
     t.revoke(id, std::chrono::hours(1), [] { ADD_FAILURE() << "cut off before the timeout"; });
@@ -66,12 +74,9 @@ TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
 }
 
 TEST(RegionTable, AnAccessHeldPastThePatienceIsCutOffOnce) {
-  RegionTable t;
-  std::vector<uint8_t> mem(8);
-  uint32_t id = t.insert(mem.data(), mem.size(), Access::kRemoteWrite, 1);
+  HeldRegion r;
+  auto& [t, mem, id, use] = r;
   uint8_t* addr = nullptr;
-  RegionUse use;
-  ASSERT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
   int cut_offs = 0;
   // The cut-off makes the holder let go, as closing a peer's channel does.
   t.revoke(id, std::chrono::milliseconds(10), [&] {
