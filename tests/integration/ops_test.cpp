@@ -247,12 +247,15 @@ TEST(SendRecv, LargeMessagesWaitForTheirReceiveAndLandInIt) {
     EXPECT_EQ(held.unexpected_bytes, 1000u + 2 * transport::Matcher::kUnexpectedOverheadBytes);
     EXPECT_FALSE(big.test()) << "a large send completes only once a receive took it";
   }
+  Buffer dst2(p.target, 1000, Access::kLocal, 25);
   Future first = p.target_peer.recv(4, dst.region, 0, 1 << 20);
-  Future second = p.target_peer.recv(4, dst.region, 0, 1000);
+  Future second = p.target_peer.recv(4, dst2.region, 0, 1000);
   ASSERT_TRUE(second.wait(kWait).ok());  // the small one may land first: it was here
   ASSERT_TRUE(first.wait(kWait).ok());
   EXPECT_EQ(first.bytes(), 1u << 20);
   EXPECT_EQ(second.bytes(), 1000u);
+  EXPECT_EQ(dst.bytes, src.bytes);
+  EXPECT_EQ(0, std::memcmp(dst2.bytes.data(), src.bytes.data() + 100, 1000));
   ASSERT_TRUE(big.wait(kWait).ok());
   ASSERT_TRUE(small.wait(kWait).ok());
   EXPECT_EQ(p.target_peer.stats().unexpected_bytes, 0u);
