@@ -59,6 +59,8 @@ class Listener {
   // Queues bytes and sends what the socket takes now.
   Status queue(Handshake& h, const std::vector<uint8_t>& frame);
   Status flush(Handshake& h);
+  // The last reply is queued: once it is out the connection leaves.
+  Status finish_replies(Handshake& h);
   // The last reply is out: the connection leaves the listener (to its peer, or as a stream).
   void hand_over(Handshake& h);
   void fail(Handshake& h, const Status& why);
