@@ -164,7 +164,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 16"},
       {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
       {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
-      {"bench --batch 100 --concurrency 100", 2, "transfers in flight; at most 4096"},
+      {"bench --batch 200 --concurrency 100", 2, "transfers in flight; at most 16384"},
       {"bench --threads 0", 2, "--threads: '0' must be between 1 and 64"},
       {"bench --threads 65", 2, "--threads: '65' must be between 1 and 64"},
       {"bench --busy-poll-us -1", 2, "--busy-poll-us: '-1' must be between 0 and "},

@@ -24,9 +24,9 @@ constexpr uint64_t kMinSlice = 4 << 10;
 constexpr uint64_t kMaxSlice = 64 << 20;
 // The bench's own bounds: enough for any measurement, small enough to fail early.
 constexpr int kMaxIters = 1'000'000;
-constexpr int kMaxBatch = 1024;
+constexpr int kMaxBatch = 16384;
 constexpr int kMaxConcurrency = 1024;
-constexpr int kMaxInFlight = 4096;  // --batch x --concurrency
+constexpr int kMaxInFlight = 16384;  // --batch x --concurrency
 constexpr int kMaxMicroseconds = 1'000'000;
 constexpr uint64_t kNoMax = std::numeric_limits<uint64_t>::max();
 
