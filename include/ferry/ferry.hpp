@@ -314,6 +314,7 @@ struct ImmEvent {
 // What an engine holds now and what it refused (Engine::stats()).
 struct EngineStats {
   std::size_t peers = 0;               // connected, plus admitted ones whose streams are joining
+  uint64_t peers_admitted = 0;         // peers that connected to us since the engine started
   std::size_t pending_handshakes = 0;  // connections not yet admitted or joined
   uint64_t refused_connections = 0;    // handshakes refused, evicted, timed out or failed
   uint64_t accept_failures = 0;        // accept() out of descriptors or memory (then backs off)
@@ -348,7 +349,9 @@ class FERRY_API Engine {
   Region register_memory(void* data, std::size_t length, Access access);
 
   Peer connect(std::string_view host_port);
-  // The next peer that connected to us, if one arrives within `timeout`.
+  // The next peer that connected to us, if one arrives within `timeout`. A peer that closed
+  // before it was accepted is not returned (it left with everything it held); to wait for a
+  // peer to come and go, watch stats().peers_admitted and stats().peers.
   std::optional<Peer> accept(Duration timeout);
 
   // The next write_with_imm notification, if one arrives within `timeout`.

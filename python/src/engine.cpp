@@ -249,6 +249,7 @@ void bind_engine(nb::module_& m) {
             EngineStats s = e.get().stats();
             nb::dict d;
             d["peers"] = s.peers;
+            d["peers_admitted"] = s.peers_admitted;
             d["pending_handshakes"] = s.pending_handshakes;
             d["refused_connections"] = s.refused_connections;
             d["accept_failures"] = s.accept_failures;

@@ -276,6 +276,7 @@ EngineStats EngineImpl::stats() const {
   {
     std::lock_guard lock(mu_);
     s.peers = peer_count_locked();
+    s.peers_admitted = admitted_;
   }
   s.pending_handshakes = listener_->pending();
   s.refused_connections = listener_->refused();
@@ -423,6 +424,7 @@ void EngineImpl::attach_stream(const std::shared_ptr<PeerImpl>& peer, const engi
       joining_.erase(it);
       peers_.push_back(peer);
       accepted_.push_back(peer);
+      ++admitted_;
       ready = true;
     }
   }

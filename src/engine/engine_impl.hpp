@@ -139,6 +139,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;
   std::deque<std::shared_ptr<PeerImpl>> accepted_;
+  uint64_t admitted_ = 0;  // peers that connected to us and joined all their streams (mu_)
 
   std::mutex imm_mu_;
   std::condition_variable imm_cv_;

@@ -263,8 +263,9 @@ TEST(SendRecv, LargeMessagesWaitForTheirReceiveAndLandInIt) {
   // A receive posted first takes it at once; a smaller receive truncates it, as eagerly.
   fill_pattern(src.bytes, 23);
   Future posted = p.target_peer.recv(5, dst.region, 0, 1 << 20);
-  ASSERT_TRUE(p.peer.send(5, src.region, 0, 1 << 20).wait(kWait).ok());
-  ASSERT_TRUE(posted.wait(kWait).ok());
+  Status sent = p.peer.send(5, src.region, 0, 1 << 20).wait(kWait);
+  ASSERT_TRUE(sent.ok()) << sent.to_string();
+  ASSERT_TRUE(posted.wait(kWait).ok()) << posted.status().to_string();
   EXPECT_EQ(dst.bytes, src.bytes);
   Future part = p.target_peer.recv(6, dst.region, 0, 300 << 10);
   Status cut = p.peer.send(6, src.region, 0, 1 << 20).wait(kWait);

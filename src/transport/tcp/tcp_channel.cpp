@@ -112,6 +112,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   std::mutex send_mu;
   bool closed = false;
   bool want_out = false;
+  bool answers_only = false;              // closing: send what the peer is owed, start nothing new
   uint32_t armed = EPOLLIN | EPOLLRDHUP;  // events registered with the loop
   // Responses over response_limit: the loop reads no new frame (written under send_mu).
   std::atomic<bool> read_paused{false};
@@ -257,6 +258,14 @@ void TcpChannel::close(const Status& reason) {
     live_streams_.fetch_add(1);
   }
   for (auto& s : attached) {
+    // Answers already queued go out first, if the socket takes them now: an ack for a message
+    // the application has already received must reach its sender, or an orderly shutdown
+    // right after a receive would fail the sender's send.
+    {
+      std::lock_guard lock(s->send_mu);
+      s->answers_only = true;
+      (void)s->flush_locked();
+    }
     // The fd stays open until the stream is destroyed, so this never hits a reused number.
     ::shutdown(s->fd.get(), SHUT_RDWR);
     host_.reactor().post(s->loop, [s] { s->stop(); });
@@ -502,7 +511,7 @@ bool TcpChannel::Stream::stage_more_locked() {
     if (!responses.empty()) {
       stage_response_locked(responses.front());
       responses.pop_front();
-    } else if (queue_head != nullptr && credits > 0) {
+    } else if (queue_head != nullptr && credits > 0 && !answers_only) {
       OpState* op = queue_head;
       int lane = lane_of(op);
       stage_slice_locked(op, lane);
