@@ -58,6 +58,19 @@ inline void serve_until_closed(const ferry::Peer& peer) {
   while (peer.connected()) std::this_thread::sleep_for(10ms);
 }
 
+// A target that never talks to its peer itself serves until one initiator has come and gone.
+// It watches the engine's counts rather than accept(): an initiator that is quickly done may
+// leave before accept() would have returned it, and a peer that left is not returned.
+inline void serve_one(const ferry::Engine& engine) {
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (engine.stats().peers_admitted == 0) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("no initiator connected within 60 s");
+    std::this_thread::sleep_for(10ms);
+  }
+  while (engine.stats().peers > 0) std::this_thread::sleep_for(10ms);
+}
+
 inline ferry::Peer accept_one(ferry::Engine& engine) {
   std::optional<ferry::Peer> peer = engine.accept(60s);
   if (!peer) throw std::runtime_error("no initiator connected within 60 s");

@@ -19,8 +19,7 @@ void target(const std::string& listen, const std::function<void(const std::strin
       engine.register_memory(buffer.data(), buffer.size(), ferry::Access::kRemoteReadWrite);
   publish(engine.address() + " " + region.descriptor().to_string());
 
-  ferry::Peer peer = example::accept_one(engine);
-  example::serve_until_closed(peer);
+  example::serve_one(engine);
   for (std::size_t i = 0; i < kBytes; ++i) {
     if (buffer[i] != pattern(i)) throw std::runtime_error("target: byte " + std::to_string(i));
   }

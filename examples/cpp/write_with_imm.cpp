@@ -18,13 +18,12 @@ void target(const std::string& listen, const std::function<void(const std::strin
   ferry::Region region =
       engine.register_memory(ring.data(), ring.size(), ferry::Access::kRemoteWrite);
   publish(engine.address() + " " + region.descriptor().to_string());
-  ferry::Peer peer = example::accept_one(engine);
 
   // The consumer loop: one notification per filled slot, in the order the writes were posted.
   for (std::size_t consumed = 0; consumed < kSlots; ++consumed) {
     std::optional<ferry::ImmEvent> event = engine.next_imm(30s);
     if (!event) throw std::runtime_error("no notification within 30 s");
-    if (event->peer_engine_id != peer.engine_id()) throw std::runtime_error("unknown sender");
+    if (!event->peer.valid()) throw std::runtime_error("notification from no connection");
     std::size_t slot = event->imm;
     if (slot >= kSlots) throw std::runtime_error("immediate names no slot");
     const uint8_t* bytes = ring.data() + slot * kSlotBytes;
@@ -33,7 +32,7 @@ void target(const std::string& listen, const std::function<void(const std::strin
     }
   }
   std::cout << "target: consumed " << kSlots << " slots, each complete when notified" << std::endl;
-  example::serve_until_closed(peer);  // the initiator leaves once its writes completed
+  example::serve_one(engine);  // the initiator leaves once its writes completed
 }
 
 void initiator(const std::string& offer) {

@@ -25,6 +25,21 @@ def serve_until_closed(peer: Any) -> None:
         time.sleep(0.01)
 
 
+def serve_one(engine: Any) -> None:
+    """A target that never talks to its peer itself: serve until one initiator came and went.
+
+    It watches the engine's counts rather than accept(): an initiator that is quickly done may
+    leave before accept() would have returned it, and a peer that left is not returned.
+    """
+    deadline = time.monotonic() + 60
+    while engine.stats["peers_admitted"] == 0:
+        if time.monotonic() > deadline:
+            raise SystemExit("no initiator connected within 60 s")
+        time.sleep(0.01)
+    while engine.stats["peers"] > 0:
+        time.sleep(0.01)
+
+
 def run(target: Callable[[Callable[[Offer], None]], None],
         initiator: Callable[[Offer], None]) -> None:
     """Run `target(publish)` in a child process and `initiator(offer)` here."""

@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 import ferry
-from _two_process import run, serve_until_closed
+from _two_process import run, serve_one
 
 BLOCKS, BLOCK_BYTES, POOL = 4096, 4096, 8192  # blocks moved, block size, target pool slots
 
@@ -16,7 +16,7 @@ def target(publish):
         pool = np.zeros((POOL, BLOCK_BYTES), dtype=np.uint8)
         region = engine.register(pool, access=ferry.Access.REMOTE_READ_WRITE)
         publish((engine.address, region.descriptor()))
-        serve_until_closed(engine.accept(timeout=60))
+        serve_one(engine)
 
 
 def initiator(offer):

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 
 import ferry
-from _two_process import run
+from _two_process import run, serve_one
 
 STEPS, BLOCK = 16, 4096
 
@@ -17,8 +17,6 @@ def target(publish):
             data = np.zeros(STEPS * BLOCK, dtype=np.uint8)
             region = engine.register(data, access=ferry.Access.REMOTE_WRITE)
             publish((engine.address, region.descriptor()))
-            peer = await asyncio.to_thread(engine.accept, 60)
-            assert peer is not None
             seen = set()
             async with engine.notifications() as notes:
                 async for event in notes:
@@ -27,8 +25,7 @@ def target(publish):
                     if len(seen) == STEPS:
                         break
             print(f"target: {STEPS} notifications received in a coroutine")
-            while peer.connected:  # the initiator leaves once its writes completed
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(serve_one, engine)  # until the initiator has left
 
     asyncio.run(main())
 

@@ -4,7 +4,7 @@ over RDMA, and only checks access over TCP."""
 import numpy as np
 
 import ferry
-from _two_process import run, serve_until_closed
+from _two_process import run, serve_one
 
 N = 1 << 20
 
@@ -14,8 +14,7 @@ def target(publish):
         data = np.arange(N, dtype=np.int32)
         region = engine.register(data, access=ferry.Access.REMOTE_READ)
         publish((engine.address, region.descriptor()))
-        peer = engine.accept(timeout=60)
-        serve_until_closed(peer)
+        serve_one(engine)
 
 
 def initiator(offer):

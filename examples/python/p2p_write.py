@@ -3,7 +3,7 @@
 import numpy as np
 
 import ferry
-from _two_process import run, serve_until_closed
+from _two_process import run, serve_one
 
 N = 1 << 20
 
@@ -13,8 +13,7 @@ def target(publish):
         data = np.zeros(N, dtype=np.float32)
         region = engine.register(data, access=ferry.Access.REMOTE_WRITE)
         publish((engine.address, region.descriptor()))
-        peer = engine.accept(timeout=60)
-        serve_until_closed(peer)
+        serve_one(engine)
         assert np.array_equal(data, np.arange(N, dtype=np.float32)), "target: wrong data"
         print(f"target: {data.nbytes >> 20} MiB written by the peer, checked")
 

@@ -4,7 +4,7 @@ here it names the slot of a ring the target then consumes."""
 import numpy as np
 
 import ferry
-from _two_process import run, serve_until_closed
+from _two_process import run, serve_one
 
 SLOTS, SLOT_BYTES = 32, 64 << 10
 
@@ -14,13 +14,12 @@ def target(publish):
         ring = np.zeros((SLOTS, SLOT_BYTES), dtype=np.uint8)
         region = engine.register(ring, access=ferry.Access.REMOTE_WRITE)
         publish((engine.address, region.descriptor()))
-        peer = engine.accept(timeout=60)
         for _ in range(SLOTS):
             event = engine.next_imm(timeout=30)
             assert event is not None, "no notification"
             assert (ring[event.imm] == event.imm + 1).all(), "slot incomplete when notified"
         print(f"target: {SLOTS} slots consumed, each complete when notified")
-        serve_until_closed(peer)  # the initiator leaves once its writes completed
+        serve_one(engine)  # the initiator leaves once its writes completed
 
 
 def initiator(offer):

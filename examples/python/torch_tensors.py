@@ -10,7 +10,7 @@ except ImportError:
     sys.exit(0)
 
 import ferry
-from _two_process import run, serve_until_closed
+from _two_process import run, serve_one
 
 SHAPE = (256, 1024)
 
@@ -20,7 +20,7 @@ def target(publish):
         weights = torch.zeros(SHAPE, dtype=torch.float16)
         region = engine.register(weights, access=ferry.Access.REMOTE_READ_WRITE)
         publish((engine.address, region.descriptor()))
-        serve_until_closed(engine.accept(timeout=60))
+        serve_one(engine)
         expected = torch.arange(SHAPE[0] * SHAPE[1], dtype=torch.float32).reshape(SHAPE).half()
         assert torch.equal(weights, expected), "target: the tensor differs"
         print("target: tensor updated in place by the peer")

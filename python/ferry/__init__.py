@@ -9,10 +9,11 @@
     initiator = ferry.Engine(listen=False)
     peer = initiator.connect(target.address)
     src = initiator.register(np.full(4096, 7, dtype=np.uint8))
-    peer.write(src, blob).wait(5.0)                # or: await peer.write(src, blob)
+    remote = ferry.Descriptor(blob)                # decoded once (bytes also work, slower)
+    peer.write(src, remote).wait(5.0)              # or: await peer.write(src, remote)
 
 Page-table batches: pass integer arrays as offsets (and lengths, or one block size):
-    peer.write(src, blob, local_offset=idx * 4096, remote_offset=slots * 4096, length=4096)
+    peer.write(src, remote, local_offset=idx * 4096, remote_offset=slots * 4096, length=4096)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .errors import BY_CODE, FerryError
 _ferry._set_error_classes(dict(BY_CODE))  # type: ignore[attr-defined]
 
 Access = _ferry.Access
+Descriptor = _ferry.Descriptor
 Region = _ferry.Region
 Peer = _ferry.Peer
 Prepared = _ferry.Prepared
@@ -70,6 +72,6 @@ def _shutdown_engines() -> None:
 
 
 __all__ = [
-    "Access", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
+    "Access", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
     "FerryError", "transports", "__version__",
 ] + [cls.__name__ for cls in BY_CODE.values()]

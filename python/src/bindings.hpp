@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,7 @@ struct PyPeer {
 struct PyFuture {
   Future future;
   nb::object peer;  // PyPeer
-  nb::object uses;  // the regions the operation touches (a tuple), kept until it is dropped
+  nb::object uses;  // the region (or a tuple of them) the operation touches, kept until dropped
 };
 
 struct PyPrepared {
@@ -77,18 +78,45 @@ struct PyPrepared {
   nb::object uses;
 };
 
+// ferry.Descriptor: a peer's descriptor decoded once, immutable; passed where bytes or str go,
+// it saves decoding them on every operation.
+struct PyDescriptor {
+  Descriptor descriptor;
+};
+
+// A peer's descriptor from Python: a ferry.Descriptor (used as is), bytes or str (decoded
+// into `scratch`). Raises TypeError for anything else.
+const Descriptor& resolve_descriptor(nb::handle remote, Descriptor& scratch);
+
 // One-sided batches from Python arguments: scalars, or 1-D integer arrays (NumPy, torch, any
-// DLPack or buffer-protocol array) for page-table batches, built in one C++ loop.
-struct Batch {
-  Descriptor remote;
-  std::vector<Transfer> transfers;
+// DLPack or buffer-protocol array) for page-table batches, built in one C++ loop per column.
+// A single entry needs no allocation; a page-table batch reuses a per-thread buffer (a nested
+// call on the same thread, e.g. from a completion callback, gets its own).
+class Batch {
+ public:
+  Batch() = default;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+  std::span<const Transfer> transfers() const { return transfers_; }
+
+ private:
+  friend void build_batch(const PyRegion&, nb::handle, nb::handle, nb::handle, nb::handle, bool,
+                          Batch&);
+  Transfer* entries(std::size_t n);
+
+  Descriptor parsed_;  // the descriptor, when it came as bytes or str
+  Transfer one_;
+  std::vector<Transfer> own_;
+  std::vector<Transfer>* shared_ = nullptr;  // the thread's buffer while this batch holds it
+  std::span<const Transfer> transfers_;
 };
 void build_batch(const PyRegion& local, nb::handle remote, nb::handle local_offset,
                  nb::handle remote_offset, nb::handle length, bool writes_local, Batch& out);
-Descriptor parse_descriptor(nb::handle remote);
 
 void bind_engine(nb::module_& m);
 void bind_peer(nb::module_& m);
 void bind_future(nb::module_& m);
+void bind_descriptor(nb::module_& m);
 
 }  // namespace ferry::python

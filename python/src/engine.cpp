@@ -172,7 +172,8 @@ void bind_engine(nb::module_& m) {
              std::size_t max_unexpected_messages, std::size_t max_unexpected_bytes_total,
              bool zero_copy_receives, std::size_t max_peers, std::size_t max_handshakes,
              int max_handshakes_per_source, std::size_t max_queued_imms,
-             std::size_t max_queued_imms_total) {
+             std::size_t max_queued_imms_total, double revoke_timeout,
+             std::size_t tcp_eager_bytes) {
             Config c;
             c.listen = listen;
             c.listen_host = listen_host;
@@ -203,6 +204,8 @@ void bind_engine(nb::module_& m) {
             c.max_handshakes_per_source = max_handshakes_per_source;
             c.max_queued_imms = max_queued_imms;
             c.max_queued_imms_total = max_queued_imms_total;
+            c.revoke_timeout = seconds(revoke_timeout, "revoke_timeout");
+            c.tcp_eager_bytes = tcp_eager_bytes;
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -229,6 +232,8 @@ void bind_engine(nb::module_& m) {
           "max_handshakes_per_source"_a = defaults.max_handshakes_per_source,
           "max_queued_imms"_a = defaults.max_queued_imms,
           "max_queued_imms_total"_a = defaults.max_queued_imms_total,
+          "revoke_timeout"_a = std::chrono::duration<double>(defaults.revoke_timeout).count(),
+          "tcp_eager_bytes"_a = defaults.tcp_eager_bytes,
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
           "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
       .def_prop_ro(
@@ -244,6 +249,7 @@ void bind_engine(nb::module_& m) {
             EngineStats s = e.get().stats();
             nb::dict d;
             d["peers"] = s.peers;
+            d["peers_admitted"] = s.peers_admitted;
             d["pending_handshakes"] = s.pending_handshakes;
             d["refused_connections"] = s.refused_connections;
             d["accept_failures"] = s.accept_failures;

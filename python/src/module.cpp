@@ -13,6 +13,7 @@ NB_MODULE(_ferry, m) {
   nb::set_leak_warnings(false);
   register_errors(m);
   bind_engine(m);
+  bind_descriptor(m);
   bind_peer(m);
   bind_future(m);
 }

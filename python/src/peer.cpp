@@ -23,11 +23,12 @@ auto one_sided(nb::handle self, const PyRegion& local, nb::handle remote, nb::ha
   build_batch(local, remote, local_offset, remote_offset, length, kind == OneSided::kRead, batch);
   const Peer& peer = nb::cast<PyPeer&>(self).peer;
   nb::gil_scoped_release unlocked;
-  return post(peer, std::span<const Transfer>(batch.transfers));
+  return post(peer, batch.transfers());
 }
 
 constexpr const char* kBatchDoc =
-    "local: a Region; remote: a peer's descriptor (bytes or str). local_offset, remote_offset "
+    "local: a Region; remote: a peer's descriptor: a ferry.Descriptor (decoded once: the fast "
+    "path), or the bytes / str it came as. local_offset, remote_offset "
     "and length are ints, or 1-D integer arrays (NumPy, torch) of one length for a page-table "
     "batch, where an int applies to every entry; length defaults to the rest of `local`. ";
 
@@ -41,7 +42,7 @@ PyFuture* post_one_sided(nb::handle self, nb::handle local_obj, nb::handle remot
                          if constexpr (kind == OneSided::kRead) return peer.read(batch);
                          return peer.write_with_imm(batch, imm);
                        });
-  return wrap(std::move(f), self, nb::make_tuple(local_obj));
+  return wrap(std::move(f), self, nb::borrow(local_obj));
 }
 
 template <OneSided kind>
@@ -55,7 +56,7 @@ PyPrepared* prepare_one_sided(nb::handle self, nb::handle local_obj, nb::handle 
                            if constexpr (kind == OneSided::kRead) return peer.prepare_read(batch);
                            return peer.prepare_write_with_imm(batch, imm);
                          });
-  return new PyPrepared{std::move(p), nb::borrow(self), nb::make_tuple(local_obj)};
+  return new PyPrepared{std::move(p), nb::borrow(self), nb::borrow(local_obj)};
 }
 
 uint64_t rest_of(const Region& r, uint64_t offset, nb::handle length) {
@@ -78,7 +79,7 @@ PyFuture* message(nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t
     nb::gil_scoped_release unlocked;
     f = receive ? peer.recv(tag, r, offset, len) : peer.send(tag, r, offset, len);
   }
-  return wrap(std::move(f), self, nb::make_tuple(region_obj));
+  return wrap(std::move(f), self, nb::borrow(region_obj));
 }
 
 }  // namespace

@@ -22,13 +22,14 @@ void encode_header(const FrameHeader& h, uint8_t* out) {
 bool is_control(FrameType t) { return static_cast<uint8_t>(t) < 16; }
 
 uint32_t payload_length(const FrameHeader& h) {
-  return h.type == FrameType::kReadReq ? 0 : h.length;
+  bool announce = h.type == FrameType::kSend && (h.flags & kFlagAnnounce) != 0;
+  return h.type == FrameType::kReadReq || announce ? 0 : h.length;
 }
 
 Status decode_header(const uint8_t* in, FrameHeader& out) {
   FrameHeader h;
   uint8_t type = in[0];
-  bool known = (type >= 1 && type <= 11) || (type >= 16 && type <= 24);
+  bool known = (type >= 1 && type <= 11) || (type >= 16 && type <= 25);
   if (!known) return {ErrorCode::kProtocol, "frame: unknown type " + std::to_string(type)};
   h.type = static_cast<FrameType>(type);
   h.flags = in[1];
@@ -42,8 +43,10 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
   h.aux64 = load_le(in + 40, 8);
 
   bool write = h.type == FrameType::kWrite || h.type == FrameType::kWriteGroup;
-  uint8_t allowed_flags = write ? (kFlagImm | kFlagLastOnStream) : 0;
-  if ((h.flags & ~allowed_flags) != 0) {
+  uint8_t allowed_flags = write                        ? (kFlagImm | kFlagLastOnStream)
+                          : h.type == FrameType::kSend ? (kFlagAnnounce | kFlagRendezvous)
+                                                       : 0;
+  if ((h.flags & ~allowed_flags) != 0 || h.flags == (kFlagAnnounce | kFlagRendezvous)) {
     return {ErrorCode::kProtocol, "frame: flags " + std::to_string(h.flags) + " not valid here"};
   }
   if (h.status > static_cast<uint16_t>(ErrorCode::kUnsupported)) {
@@ -58,6 +61,9 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
       is_ack || h.type == FrameType::kReadData || h.type == FrameType::kReadGroupData;
   if (carries_error_text && h.status != 0 && h.length > kMaxErrorText) {
     return {ErrorCode::kProtocol, "frame: error text of " + std::to_string(h.length) + " bytes"};
+  }
+  if (h.type == FrameType::kSendCts && h.length != 0) {
+    return {ErrorCode::kProtocol, "frame: clear-to-send with a payload"};
   }
   if (is_ack && h.status == 0 && h.length != 0) {
     return {ErrorCode::kProtocol, "frame: successful ack with a payload"};

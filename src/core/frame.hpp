@@ -29,16 +29,19 @@ enum class FrameType : uint8_t {
   kReadData = 19,  // payload: data (or error text when status != ok)
   kSend = 20,      // key = tag; payload: message
   kSendAck = 21,   // status; payload: error text when status != ok
+  kSendCts = 22,   // a receive took the announced message op_id: send its bytes
   // Groups: several small slices of one operation in one frame (docs/protocol.md). region_id
   // is the entry count n (1..kMaxGroupEntries); the payload starts with n entry records.
-  kWriteGroup = 22,     // n records, then the entries' bytes in order; flags as kWrite
-  kReadGroupReq = 23,   // n records, nothing else
-  kReadGroupData = 24,  // n records (echoed), then the entries' bytes; or error text
+  kWriteGroup = 23,     // n records, then the entries' bytes in order; flags as kWrite
+  kReadGroupReq = 24,   // n records, nothing else
+  kReadGroupData = 25,  // n records (echoed), then the entries' bytes; or error text
 };
 
 enum FrameFlags : uint8_t {
   kFlagImm = 1,  // kWrite(Group) belongs to a write_with_imm: aux32 = imm, aux64 = streams used
   kFlagLastOnStream = 2,  // last kWrite of its operation on this stream
+  kFlagAnnounce = 4,      // kSend: announces a large message of `length` bytes; no payload
+  kFlagRendezvous = 8,    // kSend: the bytes of the announced message op_id, after kSendCts
 };
 
 struct FrameHeader {

@@ -26,6 +26,13 @@ class Ring {
   void clear() {
     while (!empty()) pop_front();
   }
+  template <typename Pred>
+  bool any_of(Pred pred) const {
+    for (std::size_t i = 0; i < count_; ++i) {
+      if (pred(items_[(head_ + i) & (items_.size() - 1)])) return true;
+    }
+    return false;
+  }
 
  private:
   void grow() {

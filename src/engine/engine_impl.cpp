@@ -63,6 +63,7 @@ void validate(const Config& c) {
   }
   if (c.slices_in_flight_per_stream < 1) bad("slices_in_flight_per_stream must be >= 1");
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
+  if (c.revoke_timeout.count() < 0) bad("revoke_timeout must be >= 0");
   if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1) {
     bad("max_peers, max_handshakes and max_handshakes_per_source must be >= 1");
   }
@@ -227,7 +228,24 @@ void EngineImpl::deregister(RegionRecord& record) {
       recv->finish_posted();
     }
   }
-  regions_.revoke(record.id);
+  regions_.revoke(record.id, config.revoke_timeout, [&] {
+    Status why{ErrorCode::kRevoked,
+               "region " + std::to_string(record.id) + " was deregistered and its accesses " +
+                   "did not end within revoke_timeout (" +
+                   std::to_string(
+                       std::chrono::duration_cast<std::chrono::milliseconds>(config.revoke_timeout)
+                           .count()) +
+                   " ms)"};
+    for (auto& p : peers) {
+      // An operation of ours from or into the region waits for this peer: it fails with it.
+      if (p->link->pool->posted_uses_region(record.id)) {
+        p->close(why);
+        continue;
+      }
+      if (p->verbs) p->verbs->cut_off(record.base, record.length, why);
+      p->channel->cut_off(record.base, record.length, why);
+    }
+  });
   for (auto& t : transports_) t->deregister_region(record.id);
 }
 
@@ -236,6 +254,7 @@ std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
   transport::tcp::TcpOptions options;
   options.streams = streams;
   options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
+  options.eager_bytes = config.tcp_eager_bytes;
   std::weak_ptr<PeerImpl> weak = peer;
   peer->open_channels.fetch_add(1);
   return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak](const Status& why) {
@@ -257,11 +276,27 @@ EngineStats EngineImpl::stats() const {
   {
     std::lock_guard lock(mu_);
     s.peers = peer_count_locked();
+    s.peers_admitted = admitted_;
   }
   s.pending_handshakes = listener_->pending();
   s.refused_connections = listener_->refused();
   s.accept_failures = listener_->accept_failures();
   return s;
+}
+
+EngineImpl::MemoryBound EngineImpl::memory_bound(const Config& c) {
+  transport::tcp::TcpOptions options;
+  options.streams = c.tcp_streams;
+  options.slices_in_flight_per_stream = c.slices_in_flight_per_stream;
+  MemoryBound b{};
+  b.per_handshake = Listener::worst_case_handshake_bytes();
+  b.per_peer_fixed = sizeof(PeerImpl) + sizeof(transport::PeerLink) + sizeof(transport::OpPool) +
+                     kControlBytes + transport::tcp::TcpChannel::worst_case_bytes(options);
+  b.per_peer = b.per_peer_fixed + c.max_unexpected_bytes + c.max_queued_imms * kQueuedImmBytes;
+  b.engine = c.max_handshakes * b.per_handshake + c.max_peers * b.per_peer_fixed +
+             std::min(c.max_peers * c.max_unexpected_bytes, c.max_unexpected_bytes_total) +
+             std::min(c.max_peers * c.max_queued_imms, c.max_queued_imms_total) * kQueuedImmBytes;
+  return b;
 }
 
 Status EngineImpl::create_verbs_channel(const std::shared_ptr<PeerImpl>& peer) {
@@ -389,6 +424,7 @@ void EngineImpl::attach_stream(const std::shared_ptr<PeerImpl>& peer, const engi
       joining_.erase(it);
       peers_.push_back(peer);
       accepted_.push_back(peer);
+      ++admitted_;
       ready = true;
     }
   }

@@ -75,6 +75,16 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::vector<TransportKind> usable_transports() const;
   EngineStats stats() const;
 
+  // The most memory peers can make an engine of this configuration hold, in bytes, over TCP
+  // (docs/architecture.md, "Limits", gives the formula).
+  struct MemoryBound {
+    std::size_t per_handshake;   // one connection still handshaking
+    std::size_t per_peer_fixed;  // a peer's state and channel buffers, however it behaves
+    std::size_t per_peer;        // plus its unmatched messages and queued notifications
+    std::size_t engine;          // every handshake and peer the limits allow, together
+  };
+  static MemoryBound memory_bound(const Config& config);
+
   // Handshake steps, driven by the Listener.
   // Whether a peer claiming `hello`'s identity may join: the max_peers cap, and no other live
   // peer that connected to us holds its engine id (a newer incarnation that `proven` it knows
@@ -129,6 +139,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;
   std::deque<std::shared_ptr<PeerImpl>> accepted_;
+  uint64_t admitted_ = 0;  // peers that connected to us and joined all their streams (mu_)
 
   std::mutex imm_mu_;
   std::condition_variable imm_cv_;

@@ -92,6 +92,13 @@ Listener::Listener(EngineImpl& engine, core::Fd socket)
 
 Listener::~Listener() { stop(); }
 
+std::size_t Listener::worst_case_handshake_bytes() {
+  constexpr std::size_t kFrame = core::kFrameHeaderSize + core::kMaxControlPayload;
+  // The frame being read, at most two replies queued (HELLO_ACK then AUTH_OK or VERBS_ADDRESS),
+  // the map nodes and the per-source count.
+  return sizeof(Handshake) + 3 * kFrame + 256;
+}
+
 void Listener::start() {
   thread_ = std::thread([this] { run(); });
 }
@@ -356,8 +363,7 @@ Status Listener::admit_peer(Handshake& h) {
     return {};
   }
   engine_.add_joining(h.ack.token, h.peer, h.deadline);
-  h.stage = Handshake::Stage::kHandOver;
-  return {};
+  return finish_replies(h);
 }
 
 Status Listener::on_verbs_address(Handshake& h, std::span<const uint8_t> body) {
@@ -366,8 +372,7 @@ Status Listener::on_verbs_address(Handshake& h, std::span<const uint8_t> body) {
   if (Status s = h.peer->verbs->connect(remote); !s.ok()) return s;
   if (Status s = queue(h, engine_.verbs_address_frame(*h.peer)); !s.ok()) return s;
   engine_.add_joining(h.ack.token, h.peer, h.deadline);
-  h.stage = Handshake::Stage::kHandOver;
-  return {};
+  return finish_replies(h);
 }
 
 Status Listener::on_join(Handshake& h, std::span<const uint8_t> body) {
@@ -376,7 +381,12 @@ Status Listener::on_join(Handshake& h, std::span<const uint8_t> body) {
   if (!h.peer) return {ErrorCode::kProtocol, "join: unknown session"};
   h.is_stream = true;
   if (Status s = queue(h, engine::encode_empty(FrameType::kJoinOk)); !s.ok()) return s;
+  return finish_replies(h);
+}
+
+Status Listener::finish_replies(Handshake& h) {
   h.stage = Handshake::Stage::kHandOver;
+  if (!h.out.empty()) watch(h);  // waits for the socket to take the rest, reading nothing
   return {};
 }
 
@@ -412,7 +422,10 @@ Status Listener::flush(Handshake& h) {
 
 void Listener::watch(Handshake& h) {
   epoll_event ev{};
-  ev.events = h.watching_out ? EPOLLIN | EPOLLOUT : EPOLLIN;
+  // Handing over, nothing more is read here: input waits in the socket for its new owner (and
+  // must not wake this loop until the reply is out).
+  uint32_t in = h.stage == Handshake::Stage::kHandOver ? 0u : uint32_t{EPOLLIN};
+  ev.events = h.watching_out ? in | EPOLLOUT : in;
   ev.data.u64 = h.id;
   (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, h.sock, &ev);
 }

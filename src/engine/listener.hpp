@@ -34,6 +34,9 @@ class Listener {
   // Wakes the thread, fails every pending handshake with kCancelled and joins. Idempotent.
   void stop();
 
+  // The most memory one pending handshake holds (docs/architecture.md, "Limits").
+  static std::size_t worst_case_handshake_bytes();
+
   std::size_t pending() const { return pending_.load(std::memory_order_relaxed); }
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   uint64_t accept_failures() const { return accept_failures_.load(std::memory_order_relaxed); }
@@ -56,6 +59,8 @@ class Listener {
   // Queues bytes and sends what the socket takes now.
   Status queue(Handshake& h, const std::vector<uint8_t>& frame);
   Status flush(Handshake& h);
+  // The last reply is queued: once it is out the connection leaves.
+  Status finish_replies(Handshake& h);
   // The last reply is out: the connection leaves the listener (to its peer, or as a stream).
   void hand_over(Handshake& h);
   void fail(Handshake& h, const Status& why);

@@ -126,6 +126,8 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
 std::shared_ptr<PeerImpl> PeerImpl::create(std::shared_ptr<EngineImpl> eng,
                                            const engine::Identity& remote, std::string addr,
                                            TransportKind kind, bool from_peer, core::Fd control) {
+  // The state and at most two frames waiting to go (a coalesced ping or pong, and BYE).
+  static_assert(sizeof(Control) + 2 * core::kFrameHeaderSize <= kControlBytes);
   auto peer = std::make_shared<PeerImpl>(std::move(eng), remote, std::move(addr), kind, from_peer,
                                          std::move(control));
   peer->link->owner = peer;

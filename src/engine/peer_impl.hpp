@@ -22,6 +22,11 @@ namespace ferry::detail {
 class EngineImpl;
 class PeerImpl;
 
+// What a peer's control connection holds at most (peer_control.cpp asserts it).
+constexpr std::size_t kControlBytes = 1024;
+// One queued write_with_imm notification: the event and its share of the queue's blocks.
+constexpr std::size_t kQueuedImmBytes = 64;
+
 // What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
 struct PreparedImpl {
   struct Local {

@@ -95,6 +95,11 @@ class Channel {
   // every op still posted (PeerLink::fail_all), after all of the peer's channels closed.
   virtual void close(const Status& reason) = 0;
   virtual bool closed() const = 0;
+  // Deregistering the region [base, base + length) has waited Config::revoke_timeout for
+  // accesses to end: if this channel still serves one (the target's CPU copying into or out
+  // of it for the peer), it closes with `why`, which fails the access and lets the region go.
+  // Asynchronous.
+  virtual void cut_off(const uint8_t* base, uint64_t length, const Status& why) = 0;
 };
 
 // A transport: registration keys and capabilities. Connection set-up is transport-specific

@@ -1,5 +1,6 @@
 #include "transport/op.hpp"
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -204,6 +205,26 @@ std::vector<OpState*> OpPool::close_and_collect() {
     }
   }
   return posted;
+}
+
+bool OpPool::posted_uses_region(uint32_t region_id) const {
+  std::lock_guard lock(mu_);
+  for (const auto& owned : owned_) {
+    OpState* op = owned.get();
+    // A reference taken only from a live op: with it held the op cannot be recycled, and once
+    // it is seen posted its entries stay as they are until then.
+    uint32_t refs = op->refs.load(std::memory_order_acquire);
+    bool held = false;
+    while (refs != 0 && !(held = op->refs.compare_exchange_weak(refs, refs + 1))) {
+    }
+    if (!held) continue;
+    bool uses = op->stage.load(std::memory_order_acquire) == OpState::kPosted && !op->done.load() &&
+                std::any_of(op->entries.begin(), op->entries.end(),
+                            [&](const OpEntry& e) { return e.local_region == region_id; });
+    op->release();
+    if (uses) return true;
+  }
+  return false;
 }
 
 namespace {

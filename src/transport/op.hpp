@@ -185,6 +185,10 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // Closes the pool for posting and returns every posted op still incomplete, each with a
   // reference the caller must release.
   std::vector<OpState*> close_and_collect();
+  // Whether an op posted and still incomplete has an entry in the local region `region_id`.
+  // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
+  // pool's lock and visits every op).
+  bool posted_uses_region(uint32_t region_id) const;
 
   // The source Future::wait drives while it spins (one per peer: the channel whose completions
   // a caller can poll). Clearing it waits until no caller is inside it any more.

@@ -34,14 +34,20 @@ uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint
   return id;
 }
 
-void RegionTable::revoke(uint32_t id) {
+void RegionTable::revoke(uint32_t id, std::chrono::nanoseconds patience,
+                         const std::function<void()>& cut_off) {
   uint32_t index = id & (kMaxRegions - 1);
   RegionSlot& slot = slots_[index];
   if (slot.id.load() != id || slot.state.load() != RegionSlot::kActive) return;
   slot.state.store(RegionSlot::kRevoked);
-  // In-flight accesses finish or fail within the peer timeout, so this wait is bounded.
   // Accesses are usually over within microseconds: yield first, then sleep to spare the CPU.
+  auto cut_off_at = std::chrono::steady_clock::now() + patience;
+  bool cut = false;
   for (int spins = 0; slot.users.load() != 0; ++spins) {
+    if (!cut && std::chrono::steady_clock::now() >= cut_off_at) {
+      cut = true;
+      cut_off();
+    }
     if (spins < 1000) {
       std::this_thread::yield();
     } else {

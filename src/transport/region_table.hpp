@@ -7,7 +7,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -72,8 +74,10 @@ class RegionTable {
 
   // Returns the new region's id, or throws kResourceExhausted.
   uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key);
-  // Revokes the region and waits until no access to it is in progress.
-  void revoke(uint32_t id);
+  // Revokes the region and waits until no access to it is in progress. If accesses are still
+  // going after `patience`, `cut_off` runs once (on this thread) and must make their holders
+  // let go soon; the wait then goes on until they did.
+  void revoke(uint32_t id, std::chrono::nanoseconds patience, const std::function<void()>& cut_off);
 
   // Validates an access of [offset, offset + length) wanting `wanted` rights and, on success,
   // stores the address in `*addr` and the use in `use`.

@@ -164,7 +164,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 16"},
       {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
       {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
-      {"bench --batch 100 --concurrency 100", 2, "transfers in flight; at most 4096"},
+      {"bench --batch 200 --concurrency 100", 2, "transfers in flight; at most 16384"},
       {"bench --scatter 0", 2, "--scatter: '0' must be between 1 and "},
       {"bench --scatter 10 --op send", 2, "--scatter: only with --op write and read, not send"},
       {"bench --scatter 10 --batch 2", 2, "--scatter: runs one batch at a time"},

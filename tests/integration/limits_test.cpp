@@ -1,10 +1,12 @@
 // Limits one peer cannot pass (unmatched messages per peer and engine-wide) and the TCP
 // channel's lock order under a peer lost mid-flight.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <future>
 #include <thread>
 
+#include "engine/engine_impl.hpp"
 #include "support/pair.hpp"
 #include "transport/matcher.hpp"
 
@@ -122,6 +124,65 @@ TEST(UnexpectedLimits, TheEngineWideLimitHoldsForPeersEachUnderTheirOwn) {
   ASSERT_TRUE(t.tb.recv(1, at_target.region, 0, 40 << 10).wait(kWait).ok());
   EXPECT_EQ(at_target.bytes, from_b.bytes);
   EXPECT_TRUE(t.pa.send(1, from_a.region, 0, 20 << 10).wait(kWait).ok());
+}
+
+// Peers flooding every resource the limits cover (unmatched messages far past their limit,
+// notifications up to theirs) leave the engine within the documented bound
+// (docs/architecture.md, "Limits"; EngineImpl::memory_bound). Without the limits the flood
+// would add 500 MiB.
+TEST(MemoryBound, PeersFloodingEveryLimitStayWithinTheFormula) {
+  if (::mallinfo2().arena == 0) GTEST_SKIP() << "no heap statistics (a sanitizer's allocator)";
+  Config sc = test_config();
+  sc.max_peers = 16;
+  sc.max_unexpected_bytes = 256 << 10;
+  sc.max_unexpected_bytes_total = 1 << 20;
+  sc.max_queued_imms = 32;
+  constexpr int kPeers = 8;
+  constexpr int kMessages = 1000;
+  constexpr uint64_t kMessageBytes = 64 << 10;
+  Engine server(sc);
+  std::vector<uint8_t> inbox(64);
+  Region target = server.register_memory(inbox.data(), inbox.size(), Access::kRemoteWrite);
+  Descriptor d = target.descriptor();
+  Config cc = test_config();
+  cc.listen = false;
+  std::vector<std::unique_ptr<Engine>> clients;
+  std::vector<std::unique_ptr<Buffer>> payloads;
+  for (int i = 0; i < kPeers; ++i) {
+    clients.push_back(std::make_unique<Engine>(cc));
+    payloads.push_back(std::make_unique<Buffer>(*clients.back(), kMessageBytes, Access::kLocal, i));
+  }
+  std::size_t before = ::mallinfo2().uordblks;
+  std::vector<Peer> peers;
+  int refused = 0;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(clients[i]->connect(server.address()));
+    for (int m = 0; m < kMessages; ++m) {
+      Status s = peers.back().send(9, payloads[i]->region, 0, kMessageBytes).wait(kWait);
+      if (s.code() == ErrorCode::kResourceExhausted) ++refused;
+    }
+    Transfer t{&payloads[i]->region, 0, &d, 0, 64};
+    for (uint32_t n = 0; n < sc.max_queued_imms; ++n) {
+      ASSERT_TRUE(peers.back().write_with_imm({&t, 1}, n).wait(kWait).ok());
+    }
+  }
+  std::size_t grown = ::mallinfo2().uordblks - before;
+  auto bound = detail::EngineImpl::memory_bound(sc);
+  // One process holds both sides: each client's own state counts too, at most what a server
+  // peer's state does.
+  std::size_t allowed = kPeers * (bound.per_peer + bound.per_peer_fixed);
+  std::printf(
+      "[ figure ] %d flooding peers grew the heap by %zu KiB (%zu KiB per peer, both "
+      "sides); formula allows %zu KiB per server peer, %zu KiB for the engine\n",
+      kPeers, grown >> 10, (grown / kPeers) >> 10, bound.per_peer >> 10, bound.engine >> 10);
+  auto defaults = detail::EngineImpl::memory_bound(Config{});
+  std::printf(
+      "[ figure ] with the default Config: %zu KiB per peer's fixed state, %zu KiB per "
+      "peer, %zu MiB per engine\n",
+      defaults.per_peer_fixed >> 10, defaults.per_peer >> 10, defaults.engine >> 20);
+  EXPECT_GT(refused, kPeers * (kMessages - 8)) << "the limits refused the flood";
+  EXPECT_LE(grown, allowed);
+  EXPECT_LE(grown / 2, bound.engine);
 }
 
 }  // namespace

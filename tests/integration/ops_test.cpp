@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "support/pair.hpp"
+#include "transport/matcher.hpp"
 
 namespace ferry::test {
 namespace {
@@ -222,6 +223,68 @@ TEST(SendRecv, BothDirectionsAndUnexpectedLimit) {
   // Nobody receives: the target refuses what exceeds its buffer limit, and says so.
   Status s = p.peer.send(5, a.region, 0, 8192).wait(kWait);
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+}
+
+// Over TCP a message above tcp_eager_bytes is announced; its bytes wait at the sender until a
+// receive takes it, and then land in that receive. (Over verbs, large messages have their own
+// rendezvous; this checks the same outcomes there.)
+TEST(SendRecv, LargeMessagesWaitForTheirReceiveAndLandInIt) {
+  Config c = test_config();
+  c.tcp_eager_bytes = 64 << 10;
+  Pair p(c, c);
+  Buffer src(p.initiator, 1 << 20, Access::kLocal, 21);
+  Buffer dst(p.target, 1 << 20, Access::kLocal, 22);
+  Future big = p.peer.send(4, src.region, 0, 1 << 20);
+  Future small = p.peer.send(4, src.region, 100, 1000);  // same tag: keeps its place after big
+  bool tcp = p.peer.transport() == TransportKind::kTcp;
+  if (tcp) {
+    // Announced, not buffered: the receiver holds the small message and an announcement.
+    auto deadline = Clock::now() + kWait;
+    while (p.target_peer.stats().unexpected_messages < 2 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    PeerStats held = p.target_peer.stats();
+    EXPECT_EQ(held.unexpected_messages, 2u);
+    EXPECT_EQ(held.unexpected_bytes, 1000u + 2 * transport::Matcher::kUnexpectedOverheadBytes);
+    EXPECT_FALSE(big.test()) << "a large send completes only once a receive took it";
+  }
+  Buffer dst2(p.target, 1000, Access::kLocal, 25);
+  Future first = p.target_peer.recv(4, dst.region, 0, 1 << 20);
+  Future second = p.target_peer.recv(4, dst2.region, 0, 1000);
+  ASSERT_TRUE(second.wait(kWait).ok());  // the small one may land first: it was here
+  ASSERT_TRUE(first.wait(kWait).ok());
+  EXPECT_EQ(first.bytes(), 1u << 20);
+  EXPECT_EQ(second.bytes(), 1000u);
+  EXPECT_EQ(dst.bytes, src.bytes);
+  EXPECT_EQ(0, std::memcmp(dst2.bytes.data(), src.bytes.data() + 100, 1000));
+  ASSERT_TRUE(big.wait(kWait).ok());
+  ASSERT_TRUE(small.wait(kWait).ok());
+  EXPECT_EQ(p.target_peer.stats().unexpected_bytes, 0u);
+
+  // A receive posted first takes it at once; a smaller receive truncates it, as eagerly.
+  fill_pattern(src.bytes, 23);
+  Future posted = p.target_peer.recv(5, dst.region, 0, 1 << 20);
+  Status sent = p.peer.send(5, src.region, 0, 1 << 20).wait(kWait);
+  ASSERT_TRUE(sent.ok()) << sent.to_string();
+  ASSERT_TRUE(posted.wait(kWait).ok()) << posted.status().to_string();
+  EXPECT_EQ(dst.bytes, src.bytes);
+  Future part = p.target_peer.recv(6, dst.region, 0, 300 << 10);
+  Status cut = p.peer.send(6, src.region, 0, 1 << 20).wait(kWait);
+  EXPECT_EQ(cut.code(), ErrorCode::kTruncated) << cut.to_string();
+  EXPECT_EQ(part.wait(kWait).code(), ErrorCode::kTruncated);
+  EXPECT_EQ(part.bytes(), 300u << 10);
+  EXPECT_EQ(0, std::memcmp(dst.bytes.data(), src.bytes.data(), 300 << 10));
+}
+
+TEST(SendRecv, AnAnnouncedMessageFailsWithItsPeer) {
+  Config c = test_config();
+  c.tcp_eager_bytes = 4096;
+  Pair p(c, c);
+  Buffer src(p.initiator, 1 << 20, Access::kLocal, 24);
+  Future waiting = p.peer.send(7, src.region, 0, 1 << 20);
+  p.target_peer.close();
+  Status s = waiting.wait(kWait);
+  EXPECT_TRUE(s.code() == ErrorCode::kPeerLost || s.code() == ErrorCode::kCancelled)
+      << s.to_string();
 }
 
 TEST(SendRecv, DeregisteringFailsTheReceivesPostedIntoTheRegion) {

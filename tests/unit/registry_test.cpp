@@ -36,7 +36,7 @@ TEST(RegionTable, ValidatesEveryAccess) {
             ErrorCode::kUnknownRegion);
   EXPECT_FALSE(use.valid());
 
-  t.revoke(id);
+  t.revoke(id, std::chrono::seconds(1), [] { ADD_FAILURE() << "nothing held the region"; });
   EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kRevoked);
   // The slot is reused under a new id; the old id stays dead.
   uint32_t id2 = t.insert(mem.data(), mem.size(), Access::kRemoteRead, 77);
@@ -46,16 +46,24 @@ TEST(RegionTable, ValidatesEveryAccess) {
   EXPECT_TRUE(t.acquire(id2, 77, 0, 1, Access::kRemoteRead, &addr, use).ok());
 }
 
-TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
+// A region of 8 bytes with one access in progress.
+struct HeldRegion {
+  HeldRegion() {
+    uint8_t* addr = nullptr;
+    EXPECT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
+  }
   RegionTable t;
-  std::vector<uint8_t> mem(8);
+  std::vector<uint8_t> mem = std::vector<uint8_t>(8);
   uint32_t id = t.insert(mem.data(), mem.size(), Access::kRemoteWrite, 1);
-  uint8_t* addr = nullptr;
   RegionUse use;
-  ASSERT_TRUE(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).ok());
+};
+
+TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
+  HeldRegion r;
+  auto& [t, mem, id, use] = r;
   std::atomic<bool> revoked{false};
   std::thread revoker([&] {
-    t.revoke(id);
+    t.revoke(id, std::chrono::hours(1), [] { ADD_FAILURE() << "cut off before the timeout"; });
     revoked = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -63,6 +71,20 @@ TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
   use.release();
   revoker.join();
   EXPECT_TRUE(revoked.load());
+}
+
+TEST(RegionTable, AnAccessHeldPastThePatienceIsCutOffOnce) {
+  HeldRegion r;
+  auto& [t, mem, id, use] = r;
+  uint8_t* addr = nullptr;
+  int cut_offs = 0;
+  // The cut-off makes the holder let go, as closing a peer's channel does.
+  t.revoke(id, std::chrono::milliseconds(10), [&] {
+    ++cut_offs;
+    use.release();
+  });
+  EXPECT_EQ(cut_offs, 1);
+  EXPECT_EQ(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).code(), ErrorCode::kRevoked);
 }
 
 TEST(OpPool, IdsChangeOnReuseAndLookupNeedsPosted) {

@@ -204,6 +204,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.qps) c.verbs_qps = *o.qps;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
+  if (o.eager_bytes) c.tcp_eager_bytes = *o.eager_bytes;
   if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
   if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
   // The target's buffer holds only benchmark data, and its peer is this benchmark: large
@@ -806,6 +807,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--qps", o.qps);
   pass("--slice", o.slice_bytes);
   pass("--stripe", o.stripe_bytes);
+  pass("--eager", o.eager_bytes);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);
   std::vector<char*> argv;

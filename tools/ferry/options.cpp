@@ -24,9 +24,9 @@ constexpr uint64_t kMinSlice = 4 << 10;
 constexpr uint64_t kMaxSlice = 64 << 20;
 // The bench's own bounds: enough for any measurement, small enough to fail early.
 constexpr int kMaxIters = 1'000'000;
-constexpr int kMaxBatch = 1024;
+constexpr int kMaxBatch = 16384;
 constexpr int kMaxConcurrency = 1024;
-constexpr int kMaxInFlight = 4096;  // --batch x --concurrency
+constexpr int kMaxInFlight = 16384;  // --batch x --concurrency
 constexpr int kMaxScatter = 1'000'000;
 constexpr int kMaxMicroseconds = 1'000'000;
 constexpr uint64_t kNoMax = std::numeric_limits<uint64_t>::max();
@@ -258,6 +258,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "Operations above this size use every socket")
       ->type_name("SIZE")
       ->default_str(human_size(engine.stripe_threshold));
+  add(b, "--eager", o.eager_bytes, bytes(0, kNoMax),
+      "TCP messages above this size wait for the receiver's receive (rendezvous)")
+      ->type_name("SIZE")
+      ->default_str(human_size(engine.tcp_eager_bytes));
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

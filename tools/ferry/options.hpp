@@ -38,6 +38,7 @@ struct BenchOptions {
   std::optional<int> qps;
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
+  std::optional<uint64_t> eager_bytes;
   int threads = 1;
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;

@@ -5,11 +5,13 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <string>
+#include <unordered_map>
 
 #include "core/sys.hpp"
 
@@ -65,6 +67,14 @@ constexpr int kMaxRecvIov = static_cast<int>(core::kMaxGroupEntries);  // a whol
 Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
 }  // namespace
 
+namespace {
+// Group answers a stream queues for its peer before it stops reading from it: twice the group
+// requests a peer of our configuration keeps in flight (each is one request).
+std::size_t group_answers_allowed(const TcpOptions& options) {
+  return 2 * static_cast<std::size_t>(std::max(options.slices_in_flight_per_stream, 1));
+}
+}  // namespace
+
 // A piece of a group frame's payload: one entry's bytes.
 struct Segment {
   const uint8_t* data;
@@ -116,9 +126,10 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Stream(TcpChannel& channel, int index)
       : ch(channel),
         index(index),
-        response_limit(std::max(kMinResponseLimit,
-                                2 * static_cast<std::size_t>(std::max(
-                                        channel.options_.slices_in_flight_per_stream, 1)))) {}
+        response_limit(
+            std::max(kMinResponseLimit, 2 * static_cast<std::size_t>(std::max(
+                                                channel.options_.slices_in_flight_per_stream, 1)))),
+        group_answer_limit(group_answers_allowed(channel.options_)) {}
 
   TcpChannel& ch;
   const int index;
@@ -156,16 +167,23 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   std::vector<RegionUse> group_uses;  // target of a kWriteGroup: its entries' regions
   bool need_flush = false;
   bool last_payload_large = false;
+  // Announced messages a receive took, by the sender's op id, until their bytes come.
+  std::unordered_map<uint64_t, OpState*> announced;
   std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
 
   // ---- send side: guarded by send_mu ----
   std::mutex send_mu;
   bool closed = false;
   bool want_out = false;
+  bool answers_only = false;              // closing: send what the peer is owed, start nothing new
   uint32_t armed = EPOLLIN | EPOLLRDHUP;  // events registered with the loop
   // Responses over response_limit: the loop reads no new frame (written under send_mu).
   std::atomic<bool> read_paused{false};
   const std::size_t response_limit;
+  // Group answers (kReadGroupData, each holding up to 14 KiB of table, pieces and leases)
+  // queued: over group_answer_limit the loop reads no new frame either (under send_mu).
+  std::size_t group_answers = 0;
+  const std::size_t group_answer_limit;
   OpState* queue_head = nullptr;
   OpState* queue_tail = nullptr;
   core::Ring<Response> responses;
@@ -204,6 +222,15 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status begin_frame();
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
+  bool rendezvous(const OpState& send) const {
+    return send.entries[0].length > ch.options_.eager_bytes;
+  }
+  // A receive took the announced message `sender_op`: its bytes are asked for (loop thread).
+  void clear_to_send(uint64_t sender_op, OpState* recv);
+  // The same, for a receive posted after the announcement (any thread).
+  void taken_later(const std::shared_ptr<Stream>& self, uint64_t sender_op, OpState* recv);
+  Status on_announce();
+  Status on_clear_to_send();
   Status begin_group();
   Status group_next_part(bool& more);
   Status recv_group_direct(bool& would_block);
@@ -216,6 +243,9 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
                RegionSlot* lease = nullptr);
   void fail(const Status& reason);
   void stop();
+  // Whether the stream is placing bytes into [base, base + length) or sending from it (loop
+  // thread).
+  bool touches(const uint8_t* base, uint64_t length);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -304,11 +334,50 @@ void TcpChannel::close(const Status& reason) {
     live_streams_.fetch_add(1);
   }
   for (auto& s : attached) {
+    // Answers already queued go out first, if the socket takes them now: an ack for a message
+    // the application has already received must reach its sender, or an orderly shutdown
+    // right after a receive would fail the sender's send.
+    {
+      std::lock_guard lock(s->send_mu);
+      s->answers_only = true;
+      (void)s->flush_locked();
+    }
     // The fd stays open until the stream is destroyed, so this never hits a reused number.
     ::shutdown(s->fd.get(), SHUT_RDWR);
     host_.reactor().post(s->loop, [s] { s->stop(); });
   }
   stream_stopped();
+}
+
+void TcpChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
+  if (closing_.load()) return;
+  auto self = shared_from_this();
+  for (auto& s : streams_) {
+    host_.reactor().post(s->loop, [self, s, base, length, why] {
+      if (s->touches(base, length)) self->close(why);
+    });
+  }
+}
+
+std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
+  std::size_t response_limit =
+      std::max(kMinResponseLimit,
+               2 * static_cast<std::size_t>(std::max(options.slices_in_flight_per_stream, 1)));
+  // The ring doubles past the limit once; each answer may carry an error text (a heap string).
+  std::size_t responses =
+      2 * std::bit_ceil(response_limit) * (sizeof(Response) + core::kMaxErrorText);
+  // A group frame's parts: received (table, decoded entries, destinations, region uses) and
+  // sent or queued (table, pieces, leases), in each of the staged frames and queued answers.
+  std::size_t group_in =
+      kGroupTableBytes +
+      core::kMaxGroupEntries * (sizeof(core::GroupEntry) + sizeof(GroupDst) + sizeof(RegionUse));
+  std::size_t group_out =
+      kGroupTableBytes + core::kMaxGroupEntries * (sizeof(Segment) + sizeof(RegionSlot*));
+  std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
+                           kMaxStaged * core::kMaxErrorText + group_in +
+                           (kMaxStaged + group_answers_allowed(options) + 1) * group_out;
+  return sizeof(TcpChannel) + static_cast<std::size_t>(options.streams) * per_stream +
+         std::bit_ceil(kMaxImmInProgress) * sizeof(ImmProgress);
 }
 
 void TcpChannel::stop_after_reactor() {
@@ -393,6 +462,26 @@ void TcpChannel::imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm,
   if (deliver) host_.deliver_imm(*link_, imm);
 }
 
+bool TcpChannel::Stream::touches(const uint8_t* base, uint64_t length) {
+  auto inside = [&](const uint8_t* p) { return p != nullptr && p >= base && p < base + length; };
+  auto any_segment = [&](const std::vector<Segment>& segments) {
+    return std::any_of(segments.begin(), segments.end(),
+                       [&](const Segment& g) { return inside(g.data); });
+  };
+  if (inside(sink)) return true;
+  // The entries of the group frame being received that are still to come.
+  for (std::size_t i = group_next; group && i < group_dst.size(); ++i) {
+    if (inside(group_dst[i].addr)) return true;
+  }
+  std::lock_guard lock(send_mu);
+  for (int i = 0; i < staged_count; ++i) {
+    const Outbound& o = staged[(staged_head + i) % kMaxStaged];
+    if (inside(o.payload) || any_segment(o.segments)) return true;
+  }
+  return responses.any_of(
+      [&](const Response& r) { return inside(r.payload) || any_segment(r.segments); });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Send side
 
@@ -451,6 +540,7 @@ void TcpChannel::Stream::stage_response_locked(Response& r) {
   o.asks = 0;
   o.lease = r.lease;
   if (!r.table.empty()) {  // a group answer: table, then the entries' bytes
+    --group_answers;
     o.table.swap(r.table);
     o.segments.swap(r.segments);
     o.leases.swap(r.leases);
@@ -567,6 +657,12 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t g
     case OpKind::kSend:
       h.type = FrameType::kSend;
       h.key = op->tag;
+      if (rendezvous(*op)) {  // the bytes follow the receiver's kSendCts, uncounted by credits
+        h.flags = core::kFlagAnnounce;
+        ++credits;
+        --outstanding;
+        break;
+      }
       o.payload = e.local;
       o.payload_length = length;
       break;
@@ -596,7 +692,7 @@ bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
     if (!responses.empty()) {
       stage_response_locked(responses.front());
       responses.pop_front();
-    } else if (queue_head != nullptr && credits > 0) {
+    } else if (queue_head != nullptr && credits > 0 && !answers_only) {
       OpState* op = queue_head;
       int lane = lane_of(op);
       stage_slice_locked(op, lane, budget - staged_bytes);
@@ -624,7 +720,10 @@ Status TcpChannel::Stream::flush_locked() {
 Status TcpChannel::Stream::flush_locked(std::size_t& budget) {
   if (closed) return {};
   Status st = send_staged_locked(budget);
-  if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
+  if (read_paused.load() && responses.size() <= response_limit / 2 &&
+      group_answers <= group_answer_limit / 2) {
+    resume_reading_locked();
+  }
   return st;
 }
 
@@ -747,8 +846,10 @@ void TcpChannel::Stream::respond_group(FrameHeader h, std::vector<uint8_t> table
     return;
   }
   responses.push_back(std::move(r));
+  ++group_answers;
   need_flush = true;
-  if (responses.size() >= response_limit && !read_paused.load()) {
+  if ((responses.size() >= response_limit || group_answers >= group_answer_limit) &&
+      !read_paused.load()) {
     read_paused.store(true);
     update_events_locked();
   }
@@ -759,6 +860,7 @@ Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
   if (frame_op == nullptr || frame_op->kind != kind) {
     return {ErrorCode::kProtocol, "reply for unknown operation " + std::to_string(cur.op_id)};
   }
+  if (kind == OpKind::kSend && rendezvous(*frame_op)) return {};  // it took no credit
   std::lock_guard lock(send_mu);
   if (outstanding == 0) return {ErrorCode::kProtocol, "reply with no request outstanding"};
   --outstanding;
@@ -862,7 +964,24 @@ Status TcpChannel::Stream::begin_frame() {
       sink_left = payload;
       return {};
     }
+    case FrameType::kSendCts:
+      return on_clear_to_send();
     case FrameType::kSend: {
+      if (cur.flags & core::kFlagAnnounce) return on_announce();
+      if (cur.flags & core::kFlagRendezvous) {
+        auto it = announced.find(cur.op_id);
+        if (it == announced.end()) {
+          return {ErrorCode::kProtocol,
+                  "message bytes nobody asked for (op " + std::to_string(cur.op_id) + ")"};
+        }
+        frame_op = it->second;
+        announced.erase(it);
+        const OpEntry& dst = frame_op->entries[0];
+        sink = dst.local;
+        sink_left = payload < dst.length ? payload : dst.length;
+        discard_left = payload - sink_left;
+        return {};
+      }
       Matcher::Arrival a = ch.link_->matcher.arrive(cur.key, payload);
       if (!a.error.ok()) {
         frame_error = a.error;
@@ -1101,7 +1220,10 @@ Status TcpChannel::Stream::end_frame() {
       if (op->finish_slices(slices)) op->finish_posted();
       return {};
     }
+    case FrameType::kSendCts:
+      return {};
     case FrameType::kSend: {
+      if (cur.flags & core::kFlagAnnounce) return {};  // answered when a receive takes it
       FrameHeader h;
       h.type = FrameType::kSendAck;
       h.op_id = cur.op_id;
@@ -1127,6 +1249,81 @@ Status TcpChannel::Stream::end_frame() {
     default:
       return {};
   }
+}
+
+namespace {
+// An announced message waiting in the matcher for a receive.
+struct Announced final : Rendezvous {
+  Announced(std::weak_ptr<TcpChannel::Stream> stream, uint64_t sender_op)
+      : stream(std::move(stream)), sender_op(sender_op) {}
+  void matched(OpState* recv) override;
+  std::weak_ptr<TcpChannel::Stream> stream;
+  uint64_t sender_op;
+};
+}  // namespace
+
+Status TcpChannel::Stream::on_announce() {
+  if (announced.count(cur.op_id) != 0) {
+    return {ErrorCode::kProtocol, "message " + std::to_string(cur.op_id) + " announced twice"};
+  }
+  auto message =
+      std::make_shared<Announced>(ch.streams_[static_cast<std::size_t>(index)], cur.op_id);
+  Status refused;
+  // Only the announcement is held (counted like an empty message): its bytes stay with the
+  // sender until a receive takes it.
+  OpState* recv = ch.link_->matcher.announce(cur.key, 0, message, refused);
+  if (!refused.ok()) {
+    FrameHeader h;
+    h.type = FrameType::kSendAck;
+    h.op_id = cur.op_id;
+    respond(h, refused);
+  } else if (recv != nullptr) {
+    clear_to_send(cur.op_id, recv);
+  }
+  return {};
+}
+
+void Announced::matched(OpState* recv) {
+  // Without the stream the channel is gone: the receive fails with the peer.
+  if (auto s = stream.lock()) s->taken_later(s, sender_op, recv);
+}
+
+void TcpChannel::Stream::taken_later(const std::shared_ptr<Stream>& self, uint64_t sender_op,
+                                     OpState* recv) {
+  ch.link_->matcher.release(0);
+  ch.host_.reactor().post(loop, [self, sender_op, recv] {
+    if (self->stopped) return;
+    self->clear_to_send(sender_op, recv);
+    self->on_event(0);  // sends the answer
+  });
+}
+
+void TcpChannel::Stream::clear_to_send(uint64_t sender_op, OpState* recv) {
+  announced.emplace(sender_op, recv);
+  FrameHeader h;
+  h.type = FrameType::kSendCts;
+  h.op_id = sender_op;
+  respond(h, {});
+}
+
+Status TcpChannel::Stream::on_clear_to_send() {
+  OpState* op = ch.link_->pool->lookup(cur.op_id);
+  if (op == nullptr || op->kind != OpKind::kSend || !rendezvous(*op) || op->peer_token != 0) {
+    return {ErrorCode::kProtocol, "clear-to-send for no announced message"};
+  }
+  op->peer_token = 1;  // asked for once
+  const OpEntry& e = op->entries[0];
+  FrameHeader h;
+  h.type = FrameType::kSend;
+  h.flags = core::kFlagRendezvous;
+  h.op_id = cur.op_id;
+  h.key = op->tag;
+  h.length = static_cast<uint32_t>(e.length);
+  // The bytes hold the region as a read answer does, so that they never outlive it.
+  RegionSlot* lease = op->leases.front();
+  lease->users.fetch_add(1);
+  respond(h, {}, e.local, lease);
+  return {};
 }
 
 Status TcpChannel::Stream::read_some(bool& would_block) {

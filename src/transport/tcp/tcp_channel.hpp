@@ -25,6 +25,8 @@ namespace ferry::transport::tcp {
 struct TcpOptions {
   int streams = 2;
   int slices_in_flight_per_stream = 64;
+  // Messages above this are announced and sent once a receive takes them (Config).
+  std::size_t eager_bytes = 1 << 20;
 };
 
 class TcpChannel final : public Channel, public std::enable_shared_from_this<TcpChannel> {
@@ -35,6 +37,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
                                             std::function<void(const Status&)> on_closed);
   ~TcpChannel() override;
 
+  // The most memory one channel can hold whatever its peer sends (docs/architecture.md,
+  // "Limits"); unmatched messages are counted by the peer's matcher, not here.
+  static std::size_t worst_case_bytes(const TcpOptions& options);
+
   // Hands a connected socket to stream `index`. Every stream must be attached before post().
   Status attach(int index, core::Fd fd);
 
@@ -42,6 +48,7 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
   bool closed() const override { return closing_.load(); }
+  void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
   // Every stream has stopped and the in-flight operations have been failed.
   bool fully_closed() const { return closing_.load() && live_streams_.load() == 0; }
   // Stops the remaining streams on the calling thread; only once the reactor has stopped.

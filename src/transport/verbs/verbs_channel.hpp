@@ -76,6 +76,8 @@ class VerbsChannel final : public Channel,
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
   bool closed() const override { return closing_.load(); }
+  // The NIC serves the peer's accesses without holding the region: ibv_dereg_mr ends them.
+  void cut_off(const uint8_t*, uint64_t, const Status&) override {}
   bool fully_closed() const { return quiesced_.load(); }
   // Destroys the queue pairs on the calling thread; only once the reactor has stopped.
   void stop_after_reactor();
