@@ -53,6 +53,8 @@ constexpr int kFramesPerEvent = 256;
 constexpr std::size_t kMinResponseLimit = 1024;
 // Unfinished write_with_imm operations a peer may have open at once on this connection.
 constexpr std::size_t kMaxImmInProgress = 1 << 16;
+// One of them: the map's node (key, value, link, allocator header) and its bucket.
+constexpr std::size_t kImmProgressBytes = 64;
 
 Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
 }  // namespace
@@ -298,7 +300,7 @@ std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
   std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
                            kMaxStaged * core::kMaxErrorText;
   return sizeof(TcpChannel) + static_cast<std::size_t>(options.streams) * per_stream +
-         std::bit_ceil(kMaxImmInProgress) * sizeof(ImmProgress);
+         kMaxImmInProgress * kImmProgressBytes;
 }
 
 void TcpChannel::stop_after_reactor() {
@@ -346,41 +348,36 @@ void TcpChannel::stream_stopped() {
   if (on_closed_) on_closed_(reason);
 }
 
-void TcpChannel::imm_frame_failed(uint64_t op_id) {
-  std::lock_guard lock(imm_mu_);
-  for (auto& p : imm_progress_) {
-    if (p.op_id == op_id) {
-      p.failed = true;
-      return;
-    }
-  }
-  if (imm_progress_.size() < kMaxImmInProgress) imm_progress_.push_back({op_id, 0, true});
-}
-
-void TcpChannel::imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm, bool failed) {
+Status TcpChannel::imm_progress(uint64_t op_id, uint32_t streams, uint32_t imm, bool last,
+                                bool failed) {
   bool deliver = false;
   {
     std::lock_guard lock(imm_mu_);
-    std::size_t i = 0;
-    while (i < imm_progress_.size() && imm_progress_[i].op_id != op_id) ++i;
-    if (i == imm_progress_.size()) {
-      if (streams <= 1) {
+    auto it = imm_progress_.find(op_id);
+    if (it == imm_progress_.end()) {
+      if (last && streams <= 1) {
         deliver = !failed;
-      } else if (imm_progress_.size() < kMaxImmInProgress) {
-        imm_progress_.push_back({op_id, 1, failed});
+      } else if (imm_progress_.size() >= kMaxImmInProgress) {
+        // A peer honouring its credits keeps far fewer open (each holds a credit on a stream
+        // still to finish): this one is broken or hostile, and its notification cannot be kept.
+        return {ErrorCode::kResourceExhausted, "write_with_imm: more than " +
+                                                   std::to_string(kMaxImmInProgress) +
+                                                   " operations in progress on one connection"};
+      } else {
+        imm_progress_.emplace(op_id, ImmProgress{last ? 1u : 0u, failed});
       }
     } else {
-      ImmProgress& p = imm_progress_[i];
-      p.streams_done++;
+      ImmProgress& p = it->second;
+      p.streams_done += last ? 1 : 0;
       p.failed |= failed;
       if (p.streams_done >= streams) {
         deliver = !p.failed;
-        imm_progress_[i] = imm_progress_.back();
-        imm_progress_.pop_back();
+        imm_progress_.erase(it);
       }
     }
   }
   if (deliver) host_.deliver_imm(*link_, imm);
+  return {};
 }
 
 bool TcpChannel::Stream::touches(const uint8_t* base, uint64_t length) {
@@ -767,13 +764,10 @@ Status TcpChannel::Stream::end_frame() {
       h.op_id = cur.op_id;
       respond(h, frame_error.ok() ? frame_error
                                   : Status(frame_error.code(), "write: " + frame_error.message()));
-      if (cur.flags & core::kFlagImm) {
-        bool failed = !frame_error.ok();
-        if (cur.flags & core::kFlagLastOnStream) {
-          ch.imm_stream_done(cur.op_id, static_cast<uint32_t>(cur.aux64), cur.aux32, failed);
-        } else if (failed) {
-          ch.imm_frame_failed(cur.op_id);
-        }
+      bool last = (cur.flags & core::kFlagLastOnStream) != 0;
+      if ((cur.flags & core::kFlagImm) && (last || !frame_error.ok())) {
+        return ch.imm_progress(cur.op_id, static_cast<uint32_t>(cur.aux64), cur.aux32, last,
+                               !frame_error.ok());
       }
       return {};
     }
