@@ -382,6 +382,51 @@ TEST(Hostile, APeerThatNeverAnswersCannotHoldADeregistrationOfOurs) {
   (void)notified.wait(kWait);
 }
 
+TEST(Hostile, UnfinishedNotificationsPastTheLimitDropThePeerNotTheNotification) {
+  Config c = test_config();
+  c.tcp_streams = 1;
+  Engine server(c);
+  std::vector<uint8_t> mem(64, 0);
+  Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  Descriptor d = region.descriptor();
+  RawPeer raw(server, 92);
+  auto accepted = server.accept(kWait);
+  ASSERT_TRUE(accepted.has_value());
+  // Each write_with_imm claims two streams and finishes on this one only: the server keeps a
+  // record per operation until a second stream that never comes.
+  std::atomic<bool> reading{true};
+  std::thread drain([&] {  // takes the acks, so the server never stops reading
+    std::vector<uint8_t> sink(1 << 16);
+    while (reading.load() && ::recv(raw.stream->fd.get(), sink.data(), sink.size(), 0) > 0) {
+    }
+  });
+  constexpr int kOps = (1 << 16) + 1;
+  std::vector<uint8_t> frames;
+  frames.reserve(kOps * (core::kFrameHeaderSize + 1));
+  for (int i = 0; i < kOps; ++i) {
+    core::FrameHeader w;
+    w.type = core::FrameType::kWrite;
+    w.flags = core::kFlagImm | core::kFlagLastOnStream;
+    w.region_id = d.region_id;
+    std::memcpy(&w.key, d.key_for(TransportKind::kTcp)->bytes, sizeof w.key);
+    w.length = 1;
+    w.op_id = static_cast<uint64_t>(i) + 1;
+    w.aux32 = 7;
+    w.aux64 = 2;
+    std::size_t at = frames.size();
+    frames.resize(at + core::kFrameHeaderSize + 1, 1);
+    core::encode_header(w, frames.data() + at);
+  }
+  (void)core::write_all(raw.stream->fd.get(), frames, Raw::deadline());
+  EXPECT_TRUE(eventually([&] { return !accepted->connected(); }))
+      << "the peer past the limit is dropped";
+  reading = false;
+  ::shutdown(raw.stream->fd.get(), SHUT_RDWR);
+  drain.join();
+  EXPECT_FALSE(server.next_imm(std::chrono::milliseconds(0)).has_value());
+  expect_legitimate_peer_served(server);
+}
+
 // 8-byte writes of a well-behaved peer, timed one by one (p50, p99 in microseconds).
 std::pair<double, double> small_write_latency(Peer& peer, Region& local, const Descriptor& d) {
   std::vector<double> us;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/frame.hpp"
@@ -72,9 +73,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
              std::function<void(const Status&)> on_closed);
   friend struct Stream;
   void stream_stopped();
-  // write_with_imm accounting: a stream's last frame of an op arrived.
-  void imm_stream_done(uint64_t op_id, uint32_t streams, uint32_t imm, bool failed);
-  void imm_frame_failed(uint64_t op_id);
+  // write_with_imm accounting: a frame of op `op_id` spread over `streams` streams failed, or
+  // was its `last` on its stream; once every stream's last arrived and none failed, the
+  // notification is delivered. An error when too many are in progress (the peer is dropped).
+  Status imm_progress(uint64_t op_id, uint32_t streams, uint32_t imm, bool last, bool failed);
 
   Host& host_;
   std::shared_ptr<PeerLink> link_;
@@ -87,12 +89,11 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   Status close_reason_;
 
   struct ImmProgress {
-    uint64_t op_id;
     uint32_t streams_done;
     bool failed;
   };
   std::mutex imm_mu_;
-  std::vector<ImmProgress> imm_progress_;  // ops whose streams have not all finished
+  std::unordered_map<uint64_t, ImmProgress> imm_progress_;  // ops with streams still to finish
 };
 
 }  // namespace ferry::transport::tcp

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -143,9 +144,10 @@ class VerbsChannel final : public Channel,
   int poll_recv();
   // Both queues: what Future::test and a waiter for a message poll.
   int poll_both();
-  // Polls `cq` until a poll comes back short of a full batch, passing each completion to
-  // `handle`.
-  int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&));
+  // Polls `cq` until a poll comes back short of a full batch or `budget` completions were
+  // handled, passing each completion to `handle`; returns how many.
+  int drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&),
+            int budget = std::numeric_limits<int>::max());
   // With the polling right held: polls the send queue and, unless a caller spins, arms it for
   // an event if completions are outstanding (and polls again: one that landed before the arm
   // raises no event).
