@@ -36,6 +36,7 @@ for line in sys.stdin:
 }
 
 rows=""
+scatter_rows=""
 for run in $(seq 1 "$REPEAT"); do
   # iperf3 -l 1M: the single-stream loopback TCP ceiling.
   iperf3 -s -p "$PORT" -1 >/dev/null 2>&1 &
@@ -49,6 +50,15 @@ for run in $(seq 1 "$REPEAT"); do
   # bandwidth tests keep a window of messages in flight.
   single=$("$FERRY" bench --op write,read --sizes 8,67108864 --json)
   window=$("$FERRY" bench --op write,read --sizes 1048576 --concurrency 8 --json)
+  # Scattered batches: 10000 entries of 4 KiB and 16 KiB at shuffled offsets, each beside one
+  # contiguous transfer of the same bytes (ratio and write()/read() time per entry).
+  scatter=$("$FERRY" bench --op write,read --sizes 4K,16K --scatter 10000 --json)
+  scatter_rows+=$(echo "$scatter" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if "ratio" in r:
+        print(r["op"], r["size"], r["ratio"], r["submit_ns_per_entry"])')$'\n'
   rows+="$run $(pick "$single" write 67108864 mb_per_s) $(pick "$single" read 67108864 mb_per_s)"
   rows+=" $(pick "$window" write 1048576 mb_per_s) $(pick "$window" read 1048576 mb_per_s)"
   rows+=" $(pick "$single" write 8 p50_us) $iperf_mbs ${ucx_tag:-0} ${ucx_am:-0} ${ucx_put:-0} $rtt"$'\n'
@@ -76,4 +86,16 @@ print("%-46s %10s %10s %7s" % ("measurement", "ferry", "peer", "ratio"))
 for name, a, b in rows:
     print(f"{name:<46} {med(a):>10.1f} {med(b):>10.1f} {ratio(a, b):>7.2f}")
 print(f"(UCX tcp medians: tag_bw {med(TAG):.0f}, am_bw {med(AM):.0f}, put_bw {med(PUT):.0f} MB/s)")
+'
+echo "$scatter_rows" | python3 -c '
+import statistics, sys
+by = {}
+for line in sys.stdin:
+    if line.strip():
+        op, size, ratio, ns = line.split()
+        by.setdefault((op, int(size)), []).append((float(ratio), float(ns)))
+print("%-46s %10s %10s" % ("scattered x10000 vs contiguous (same bytes)", "ratio", "ns/entry"))
+for (op, size), v in sorted(by.items()):
+    print("%-46s %10.2f %10.1f" % (f"{op} {size // 1024} KiB entries", statistics.median(r for r, _ in v),
+                                   statistics.median(n for _, n in v)))
 '

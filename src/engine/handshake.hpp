@@ -18,8 +18,10 @@ namespace ferry::engine {
 
 constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 2: an announced verbs message the receiver took is not ACKed (its FIN's delivery completes
-// the send). 3: the authentication MACs cover both incarnations.
-constexpr uint16_t kProtocolVersion = 3;
+// the send). 3: the authentication MACs cover both incarnations. 4: TCP rendezvous for large
+// sends (SEND_CTS, SEND flags ANNOUNCE / RENDEZVOUS); group frames (WRITE_GROUP, READ_GROUP_REQ,
+// READ_GROUP_DATA) carry many small slices of an operation; WRITE_ACK counts them.
+constexpr uint16_t kProtocolVersion = 4;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;

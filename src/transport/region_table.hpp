@@ -97,6 +97,14 @@ class RegionTable {
     return &slot;
   }
   static void release(RegionSlot* slot) { slot->users.fetch_sub(1); }
+  // try_acquire() for a caller that already holds a use of `slot` (a batch's next entry in the
+  // same region): the same checks, no second use.
+  static bool allows_held(const RegionSlot& slot, uint32_t id, uint64_t key, uint64_t offset,
+                          uint64_t length, Access wanted, uint8_t** addr) {
+    if (verdict(slot, id, key, offset, length, wanted) != ErrorCode::kOk) return false;
+    *addr = slot.base + offset;
+    return true;
+  }
 
  private:
   // The first reason the access is refused, or kOk; the caller holds a use of `slot`.

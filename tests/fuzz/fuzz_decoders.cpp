@@ -1,8 +1,8 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
-// frame headers, handshake bodies, verbs queue-pair addresses and message headers, and
-// descriptors (binary, text). The
-// first input byte picks the decoder. Decoders must reject bad input with an error, never crash or
-// over-read.
+// frame headers, group frames' entry tables, handshake bodies, verbs queue-pair addresses and
+// message headers, and descriptors (binary, text). The first input byte picks the decoder. Decoders
+// must reject bad input with an error, never crash or over-read.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,13 +18,37 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 10) {
+  switch (data[0] % 11) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
         if (ferry::core::decode_header(body.data(), h).ok()) (void)ferry::core::payload_length(h);
       }
       break;
+    case 10: {
+      // A group frame's header, then its table as the channel reads it: only when the header
+      // decodes, exactly the table it announces, into room for the most entries allowed.
+      if (body.size() < ferry::core::kFrameHeaderSize) break;
+      ferry::core::FrameHeader h;
+      if (!ferry::core::decode_header(body.data(), h).ok()) break;
+      std::span<const uint8_t> rest = body.subspan(ferry::core::kFrameHeaderSize);
+      std::size_t table = std::size_t{h.region_id} * ferry::core::kGroupEntrySize;
+      ferry::core::GroupEntry entries[ferry::core::kMaxGroupEntries];
+      uint64_t total = 0;
+      // The announced count as the decoder must bound it, and the table's bytes as they came.
+      if (ferry::core::decode_group_table(rest.data(), std::min(table, rest.size()), h.region_id,
+                                          entries, total)
+              .ok()) {
+        if (h.region_id == 0 || h.region_id > ferry::core::kMaxGroupEntries) __builtin_trap();
+        uint8_t again[ferry::core::kGroupEntrySize];
+        for (uint32_t i = 0; i < h.region_id; ++i) {
+          ferry::core::encode_group_entry(entries[i], again);
+          if (std::memcmp(again, rest.data() + i * sizeof again, sizeof again) != 0)
+            __builtin_trap();
+        }
+      }
+      break;
+    }
     case 1: {
       ferry::engine::Hello m;
       (void)ferry::engine::decode(body, m);

@@ -165,6 +165,9 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
       {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
       {"bench --batch 200 --concurrency 100", 2, "transfers in flight; at most 16384"},
+      {"bench --scatter 0", 2, "--scatter: '0' must be between 1 and "},
+      {"bench --scatter 10 --op send", 2, "--scatter: only with --op write and read, not send"},
+      {"bench --scatter 10 --batch 2", 2, "--scatter: runs one batch at a time"},
       {"bench --threads 0", 2, "--threads: '0' must be between 1 and 64"},
       {"bench --threads 65", 2, "--threads: '65' must be between 1 and 64"},
       {"bench --busy-poll-us -1", 2, "--busy-poll-us: '-1' must be between 0 and "},
@@ -301,6 +304,17 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   EXPECT_EQ(std::count(prepared.begin(), prepared.end(), '\n'), 6) << prepared;
   EXPECT_EQ(prepared.find("\"prepared\":false"), std::string::npos) << prepared;
   EXPECT_EQ(prepared.find("\"verified\":false"), std::string::npos) << prepared;
+  // Scattered batches (entries of odd sizes, larger than a slice too) beside contiguous
+  // transfers, verified byte for byte; each size prints two rows and the ratio.
+  std::string scattered;
+  ASSERT_EQ(run("bench --op write,read --scatter 300 --sizes 1000,70000 --slice 64K --iters 3 "
+                "--json",
+                scattered),
+            0)
+      << scattered;
+  EXPECT_EQ(std::count(scattered.begin(), scattered.end(), '\n'), 12) << scattered;
+  EXPECT_EQ(scattered.find("\"verified\":false"), std::string::npos) << scattered;
+  EXPECT_NE(scattered.find("\"scatter\":300,\"ratio\":"), std::string::npos) << scattered;
 }
 
 TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {

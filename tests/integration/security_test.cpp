@@ -130,5 +130,93 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
   expect_engine_still_serves(server);
 }
 
+// A raw peer's group frames get exactly what single frames get: every entry checked against
+// the region (a lying entry is refused and named, the others land, nothing outside them
+// changes), reads answered with the table echoed, and a table that does not add up to the
+// frame drops the peer before any byte of it is written.
+TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
+  Config c = test_config();
+  c.tcp_streams = 1;
+  Engine server(c);
+  std::vector<uint8_t> mem(8192, 0);
+  Region region = server.register_memory(mem.data(), 4096, Access::kRemoteReadWrite);
+  Descriptor d = region.descriptor();
+  uint64_t key = 0;
+  std::memcpy(&key, d.key_for(TransportKind::kTcp)->bytes, 8);
+
+  Raw control(server);
+  control.send(engine::encode(hello_from(8)));
+  core::FrameHeader h;
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(control.read(h, body).ok());
+  engine::HelloAck ack;
+  ASSERT_TRUE(engine::decode(body, ack).ok());
+  Raw stream(server);
+  engine::Join join;
+  join.token = ack.token;
+  stream.send(engine::encode(join));
+  ASSERT_TRUE(stream.read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kJoinOk);
+  auto peer = server.accept(kWait);
+  ASSERT_TRUE(peer.has_value());
+
+  auto group = [&](core::FrameType type, const std::vector<core::GroupEntry>& entries,
+                   const std::vector<uint8_t>& data, uint32_t length_delta = 0) {
+    core::FrameHeader g;
+    g.type = type;
+    g.op_id = 77;
+    g.region_id = static_cast<uint32_t>(entries.size());
+    std::vector<uint8_t> frame(core::kFrameHeaderSize + entries.size() * core::kGroupEntrySize);
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      core::encode_group_entry(entries[i],
+                               frame.data() + core::kFrameHeaderSize + i * core::kGroupEntrySize);
+    }
+    frame.insert(frame.end(), data.begin(), data.end());
+    g.length = static_cast<uint32_t>(frame.size() - core::kFrameHeaderSize) + length_delta;
+    core::encode_header(g, frame.data());
+    return frame;
+  };
+  // Entry index 7 runs past the region (into memory the engine never granted).
+  std::vector<core::GroupEntry> entries = {
+      {d.region_id, 4, key, 100, 5}, {d.region_id, 4, key, 4094, 7}, {d.region_id, 4, key, 200, 9}};
+  stream.send(group(core::FrameType::kWriteGroup, entries,
+                    {'a', 'a', 'a', 'a', 'b', 'b', 'b', 'b', 'c', 'c', 'c', 'c'}));
+  ASSERT_TRUE(stream.read(h, body).ok());
+  EXPECT_EQ(h.type, core::FrameType::kWriteAck);
+  EXPECT_EQ(h.aux32, 3u);
+  EXPECT_EQ(h.status, static_cast<uint16_t>(ErrorCode::kOutOfBounds));
+  std::string text(body.begin(), body.end());
+  EXPECT_NE(text.find("write entry 7:"), std::string::npos) << text;
+  for (std::size_t i = 0; i < mem.size(); ++i) {
+    uint8_t want = i >= 100 && i < 104 ? 'a' : i >= 200 && i < 204 ? 'c' : 0;
+    ASSERT_EQ(mem[i], want) << "byte " << i;
+  }
+
+  // Reads: the records echoed, then the bytes; a refused entry refuses the group and is named.
+  stream.send(group(core::FrameType::kReadGroupReq, {entries[2], entries[0]}, {}));
+  ASSERT_TRUE(stream.read(h, body).ok());
+  EXPECT_EQ(h.type, core::FrameType::kReadGroupData);
+  EXPECT_EQ(h.status, 0);
+  EXPECT_EQ(h.region_id, 2u);
+  ASSERT_EQ(body.size(), 2 * core::kGroupEntrySize + 8);
+  EXPECT_EQ(std::string(body.end() - 8, body.end()), "ccccaaaa");
+  stream.send(group(core::FrameType::kReadGroupReq, entries, {}));
+  ASSERT_TRUE(stream.read(h, body).ok());
+  EXPECT_EQ(h.status, static_cast<uint16_t>(ErrorCode::kOutOfBounds));
+  text.assign(body.begin(), body.end());
+  EXPECT_NE(text.find("read entry 7:"), std::string::npos) << text;
+
+  // Lengths that do not add up to the frame: a protocol error, the peer is dropped, and not a
+  // byte of the group is written.
+  std::vector<core::GroupEntry> bad = {{d.region_id, 4, key, 300, 0}};
+  stream.send(group(core::FrameType::kWriteGroup, bad, {'x', 'x', 'x', 'x', 'y', 'y'}));
+  auto deadline = Clock::now() + kWait;
+  while (peer->connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(peer->connected());
+  EXPECT_EQ(mem[300], 0);
+  expect_engine_still_serves(server);
+}
+
 }  // namespace
 }  // namespace ferry::test

@@ -200,6 +200,51 @@ TEST_F(Channel, APeerThatDoesNotReadItsAnswersIsNotReadEither) {
   EXPECT_EQ(u.queued_responses, 0u);
 }
 
+// Group read requests are answers of up to 14 KiB of table, pieces and leases each: a stream
+// queues at most 2 x slices_in_flight_per_stream (128 by default) of them for a peer that does
+// not read, far fewer than single answers, then reads no more until half are taken; none is
+// lost.
+TEST_F(Channel, APeerThatDoesNotReadItsGroupAnswersIsNotReadEither) {
+  constexpr uint32_t kEntries = 256, kEntry = 64;
+  constexpr int kRequests = 400;
+  std::vector<uint8_t> mem(kEntries * kEntry);
+  fill_pattern(mem, 4);
+  uint32_t id = host.table.insert(mem.data(), mem.size(), Access::kRemoteRead, 56);
+  open(64 << 20, 64 << 20);
+  std::vector<uint8_t> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    core::FrameHeader h;
+    h.type = core::FrameType::kReadGroupReq;
+    h.op_id = static_cast<uint64_t>(i);
+    h.region_id = kEntries;
+    h.length = kEntries * core::kGroupEntrySize;
+    std::vector<uint8_t> f = frame(h);
+    f.resize(core::kFrameHeaderSize + h.length);
+    for (uint32_t e = 0; e < kEntries; ++e) {
+      core::encode_group_entry({id, kEntry, 56, e * kEntry, e},
+                               f.data() + core::kFrameHeaderSize + e * core::kGroupEntrySize);
+    }
+    requests.insert(requests.end(), f.begin(), f.end());
+  }
+  std::thread writer([&] { send(requests); });  // 3.2 MiB: the socket takes part of it
+  wait_for([&] { return channel->usage().at(0).reading_paused; });
+  TcpChannel::StreamUsage u = channel->usage().at(0);
+  EXPECT_LE(u.queued_responses, 128u);
+  EXPECT_GT(u.queued_responses, 64u);
+
+  for (int i = 0; i < kRequests; ++i) {
+    core::FrameHeader h = read_frame();
+    ASSERT_EQ(h.type, core::FrameType::kReadGroupData);
+    ASSERT_EQ(h.status, 0);
+    ASSERT_EQ(h.region_id, kEntries);
+    ASSERT_EQ(h.op_id, static_cast<uint64_t>(i)) << "in order, none lost";
+  }
+  writer.join();
+  u = channel->usage().at(0);
+  EXPECT_FALSE(u.reading_paused);
+  EXPECT_EQ(u.queued_responses, 0u);
+}
+
 // More frames arrive at once than a stream handles per wake-up (256): the rest are taken up
 // later, though the socket has nothing more to wake the loop with. The loop is held while the
 // burst is written, so that its first recv takes all of it.

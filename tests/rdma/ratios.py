@@ -58,4 +58,15 @@ for name, ours_key, theirs_key, factor in rows:
                                                     statistics.median(pairs)))
 print("(bandwidth in MiB/s, latency in us, best of the runs; ratio of the best runs, of the\n"
       " medians, median of the per-run ratios; emulated CPU: only the ratios mean anything)")
+# Scattered batches against one contiguous transfer of the same bytes, Ferry alone (bench.tests
+# ferry_scatter): bandwidth ratio, and the write()/read() call's time per entry.
+scatter = sorted(n for n in runs if n.startswith("ferry_scatter_") and "_submit_" not in n)
+if scatter:
+    print("%-36s %12s %14s" % ("ferry over verbs, scattered batch", "vs contiguous",
+                               "ns per entry"))
+    for name in scatter:
+        op, size = name[len("ferry_scatter_"):].rsplit("_", 1)
+        submit = runs.get("ferry_scatter_submit_%s_%s" % (op, size))
+        print("%-36s %12.2f %14s" % ("%s %s KiB x 1000" % (op, int(size) // 1024), medians[name],
+                                     "%.1f" % min(v for v, _ in submit) if submit else "n/a"))
 sys.exit(1 if missing else 0)

@@ -95,6 +95,63 @@ TEST(FrameHeader, RejectsMalformedHeaders) {
             ErrorCode::kProtocol);
 }
 
+Status decode_group(FrameType type, uint32_t n, uint32_t length, uint16_t status = 0) {
+  FrameHeader h;
+  h.type = type;
+  h.region_id = n;
+  h.length = length;
+  h.status = status;
+  uint8_t raw[core::kFrameHeaderSize];
+  core::encode_header(h, raw);
+  FrameHeader out;
+  return core::decode_header(raw, out);
+}
+
+TEST(FrameHeader, GroupFramesAnnounceABoundedTableTheyCanHold) {
+  constexpr uint32_t kRec = core::kGroupEntrySize;
+  EXPECT_TRUE(decode_group(FrameType::kWriteGroup, 2, 2 * kRec + 100).ok());
+  EXPECT_TRUE(decode_group(FrameType::kWriteGroup, 256, 256 * kRec).ok());
+  EXPECT_TRUE(decode_group(FrameType::kReadGroupReq, 3, 3 * kRec).ok());
+  EXPECT_TRUE(decode_group(FrameType::kReadGroupData, 3, 3 * kRec + 7).ok());
+  EXPECT_TRUE(decode_group(FrameType::kReadGroupData, 3, 10, 5).ok());  // error text
+  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 0, 0).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 257, 257 * kRec).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 2, 2 * kRec - 1).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kReadGroupReq, 2, 2 * kRec + 1).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kReadGroupReq, 2, 2 * kRec, 5).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kReadGroupData, 2, 2 * kRec - 1).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(FrameType::kReadGroupData, 2, core::kMaxErrorText + 1, 5).code(),
+            ErrorCode::kProtocol);
+  // WRITE_ACK counts at most a group's entries.
+  EXPECT_TRUE(decode_modified([](FrameHeader& h) { h.aux32 = 256; }).ok());
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.aux32 = 257; }).code(), ErrorCode::kProtocol);
+}
+
+TEST(FrameHeader, GroupTableRoundTripsAndRejectsDamage) {
+  core::GroupEntry in[2] = {{7, 4096, 0x1122334455667788ull, 1ull << 40, 9},
+                            {8, 0, 1, 2, 0xFFFFFFFFu}};
+  uint8_t raw[2 * core::kGroupEntrySize];
+  core::encode_group_entry(in[0], raw);
+  core::encode_group_entry(in[1], raw + core::kGroupEntrySize);
+  core::GroupEntry out[2];
+  uint64_t total = 0;
+  ASSERT_TRUE(core::decode_group_table(raw, sizeof raw, 2, out, total).ok());
+  EXPECT_EQ(total, 4096u);
+  EXPECT_EQ(out[0].region_id, 7u);
+  EXPECT_EQ(out[0].key, 0x1122334455667788ull);
+  EXPECT_EQ(out[0].offset, 1ull << 40);
+  EXPECT_EQ(out[0].index, 9u);
+  EXPECT_EQ(out[1].index, 0xFFFFFFFFu);
+  EXPECT_EQ(core::decode_group_table(raw, sizeof raw - 1, 2, out, total).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(core::decode_group_table(raw, sizeof raw, 3, out, total).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(core::decode_group_table(raw, 0, 0, out, total).code(), ErrorCode::kProtocol);
+  raw[core::kGroupEntrySize + 30] = 1;  // reserved
+  out[1].index = 5;
+  EXPECT_EQ(core::decode_group_table(raw, sizeof raw, 2, out, total).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(out[1].index, 5u) << "a rejected table must not change the output";
+}
+
 std::vector<uint8_t> body_of(const std::vector<uint8_t>& frame) {
   return {frame.begin() + core::kFrameHeaderSize, frame.end()};
 }

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +13,9 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "ferry/ferry.hpp"
@@ -536,6 +539,115 @@ struct Initiator {
     return finish(op, size, o.batch, o.concurrency, iters, secs, lat_us, !prepared.empty());
   }
 
+  // --scatter: `n` entries of `size` bytes in slots of 2 x size (never adjacent), local and
+  // remote slots each shuffled, one batch per iteration; beside it one contiguous transfer of
+  // the same n x size bytes, timed the same way. Both verified byte for byte.
+  struct ScatterResult {
+    Row contiguous, scattered;
+    double submit_ns_per_entry;
+    double submit_cpu_ns_per_entry;  // the calling thread's CPU time in the call
+  };
+  ScatterResult scatter(const std::string& op, uint64_t size) {
+    const uint64_t n = static_cast<uint64_t>(*o.scatter), stride = 2 * size, span = n * size;
+    std::vector<uint64_t> local_slot(n), remote_slot(n);
+    std::iota(local_slot.begin(), local_slot.end(), 0);
+    std::iota(remote_slot.begin(), remote_slot.end(), 0);
+    std::mt19937_64 rng(size);
+    std::shuffle(local_slot.begin(), local_slot.end(), rng);
+    std::shuffle(remote_slot.begin(), remote_slot.end(), rng);
+    std::vector<Transfer> scattered(n);
+    for (uint64_t i = 0; i < n; ++i)
+      scattered[i] =
+          Transfer{&region, local_slot[i] * stride, &remote, remote_slot[i] * stride, size};
+    Transfer contiguous{&region, 0, &remote, 0, span};
+    int iters = o.iters.value_or(
+        static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / span, kMinIters, kMaxIters)));
+    bool write = op == "write";
+    auto post = [&](std::span<const Transfer> b) { return write ? peer.write(b) : peer.read(b); };
+    // The remote buffer gets a known pattern (reads must return it; writes must leave it alone
+    // outside their entries).
+    Transfer whole{&region, 0, &remote, 0, bytes};
+    auto prepare_remote = [&] {
+      fill(buf.data(), bytes, bytes);
+      check(peer.write({&whole, 1}).wait(kOpTimeout), "scatter: prepare remote");
+    };
+    prepare_remote();
+    if (write) fill(buf.data(), bytes, size ^ 0x5a5a);
+    double submit_s = 0, submit_cpu_s = 0;
+    auto thread_cpu = [] {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+    };
+    auto timed = [&](std::span<const Transfer> b, bool count_submit) {
+      for (int i = 0; i < kWarmupIters; ++i) check(post(b).wait(kOpTimeout), op + " warm-up");
+      std::vector<double> lat_us;
+      lat_us.reserve(static_cast<std::size_t>(iters));
+      Progress shown(progress, op + " " + human_size(size) + (count_submit ? " scattered" : ""),
+                     static_cast<uint64_t>(iters));
+      auto t0 = BenchClock::now();
+      for (int i = 0; i < iters; ++i) {
+        double cpu0 = count_submit ? thread_cpu() : 0;
+        auto ts = BenchClock::now();
+        Future f = post(b);
+        auto tp = BenchClock::now();
+        if (count_submit) {
+          submit_cpu_s += thread_cpu() - cpu0;
+          submit_s += std::chrono::duration<double>(tp - ts).count();
+        }
+        check(f.wait(kOpTimeout), op + " " + human_size(size));
+        auto now = BenchClock::now();
+        lat_us.push_back(std::chrono::duration<double, std::micro>(now - ts).count());
+        shown.update(lat_us.size(), now);
+      }
+      return std::pair(std::chrono::duration<double>(BenchClock::now() - t0).count(), lat_us);
+    };
+    auto [csecs, clat] = timed({&contiguous, 1}, false);
+    auto [ssecs, slat] = timed(scattered, true);
+    // Verify: one more scattered batch of fresh bytes, then the remote buffer read back whole.
+    if (write) {
+      prepare_remote();  // the contiguous writes covered part of it
+      fill(buf.data(), bytes, size ^ 0xa5a5);
+      check(post(scattered).wait(kOpTimeout), "scatter: verify write");
+      Transfer back{&check_region, 0, &remote, 0, bytes};
+      check(peer.read({&back, 1}).wait(kOpTimeout), "scatter: verify read-back");
+      std::vector<bool> used(n, false);
+      for (uint64_t i = 0; i < n; ++i) {
+        used[remote_slot[i]] = true;
+        if (std::memcmp(check_buf.data() + remote_slot[i] * stride,
+                        buf.data() + local_slot[i] * stride, size) != 0)
+          throw Error(ErrorCode::kProtocol,
+                      "scatter write: entry " + std::to_string(i) + " differs at the target");
+      }
+      for (uint64_t at = 0; at < bytes; ++at) {  // nothing else changed
+        if ((at / stride < n && used[at / stride] && at % stride < size)) continue;
+        if (check_buf[at] != pattern_byte(bytes, at))
+          throw Error(ErrorCode::kProtocol, "scatter write: target byte " + std::to_string(at) +
+                                                " outside every entry "
+                                                "changed");
+      }
+    } else {
+      std::fill(buf.begin(), buf.end(), 0);
+      check(post(scattered).wait(kOpTimeout), "scatter: verify read");
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint8_t* p = buf.data() + local_slot[i] * stride;
+        for (uint64_t j = 0; j < size; ++j) {
+          if (p[j] != pattern_byte(bytes, remote_slot[i] * stride + j))
+            throw Error(ErrorCode::kProtocol,
+                        "scatter read: entry " + std::to_string(i) + " holds the wrong bytes");
+        }
+        std::memset(buf.data() + local_slot[i] * stride, 0, size);
+      }
+      if (std::any_of(buf.begin(), buf.end(), [](uint8_t b) { return b != 0; }))
+        throw Error(ErrorCode::kProtocol, "scatter read: a byte outside every entry changed");
+      fill(buf.data(), bytes, 7);
+    }
+    return {finish(op, span, 1, 1, iters, csecs, clat, false),
+            finish(op, size, static_cast<int>(n), 1, iters, ssecs, slat, false),
+            submit_s * 1e9 / (static_cast<double>(iters) * static_cast<double>(n)),
+            submit_cpu_s * 1e9 / (static_cast<double>(iters) * static_cast<double>(n))};
+  }
+
   // Half round trips of ping-pong writes, with the target answering each one.
   Row pingpong(uint64_t size, int iters) {
     if (2 * size > bytes) throw Error(ErrorCode::kInvalidArgument, "ping-pong: size too large");
@@ -630,9 +742,34 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");
     std::fflush(stdout);  // a reader of a pipe sees the run start
   }
+  std::string transport(to_string(peer.transport()));
   for (const auto& op : o.ops) {
-    for (uint64_t size : o.sizes)
-      print_row(ini.run(op, size), o.json, std::string(to_string(peer.transport())));
+    for (uint64_t size : o.sizes) {
+      if (!o.scatter) {
+        print_row(ini.run(op, size), o.json, transport);
+        continue;
+      }
+      Initiator::ScatterResult r = ini.scatter(op, size);
+      print_row(r.contiguous, o.json, transport);
+      print_row(r.scattered, o.json, transport);
+      double ratio = r.scattered.mb_per_s / r.contiguous.mb_per_s;
+      char line[256];
+      if (o.json) {
+        std::snprintf(line, sizeof line,
+                      "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"scatter\":%d,"
+                      "\"ratio\":%.3f,\"submit_ns_per_entry\":%.1f,"
+                      "\"submit_cpu_ns_per_entry\":%.1f}",
+                      transport.c_str(), op.c_str(), static_cast<unsigned long long>(size),
+                      *o.scatter, ratio, r.submit_ns_per_entry, r.submit_cpu_ns_per_entry);
+      } else {
+        std::snprintf(line, sizeof line,
+                      "  scattered %s %s x %d: %.2f x contiguous, %s() call %.1f ns per entry "
+                      "(%.1f ns of its thread's CPU time)",
+                      op.c_str(), human_size(size).c_str(), *o.scatter, ratio, op.c_str(),
+                      r.submit_ns_per_entry, r.submit_cpu_ns_per_entry);
+      }
+      std::cout << line << std::endl;
+    }
   }
   uint64_t imms = 0, bad = 0;
   read_fields(mail.request(kTagSetup, "done", kTagReport), imms, bad);

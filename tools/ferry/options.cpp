@@ -27,6 +27,7 @@ constexpr int kMaxIters = 1'000'000;
 constexpr int kMaxBatch = 16384;
 constexpr int kMaxConcurrency = 1024;
 constexpr int kMaxInFlight = 16384;  // --batch x --concurrency
+constexpr int kMaxScatter = 1'000'000;
 constexpr int kMaxMicroseconds = 1'000'000;
 constexpr uint64_t kNoMax = std::numeric_limits<uint64_t>::max();
 
@@ -277,11 +278,26 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   b.add_flag("--same-area", o.same_area,
              "Operations in flight all use the same buffer area, as perftest's do (default: "
              "one area each)");
+  add(b, "--scatter", o.scatter, count(1, kMaxScatter),
+      "write and read batches of N entries of each size at scattered offsets (both sides "
+      "shuffled, gaps between entries), each beside one contiguous transfer of the same bytes: "
+      "prints the ratio and the write()/read() call's cost per entry")
+      ->type_name("N");
 }
 
 void check_bench_options(const BenchOptions& o) {
   if (o.once && !o.listen) throw CLI::ValidationError("--once", "only with --listen");
   if (o.listen) return;  // a target's buffer is what each initiator asks for
+  if (o.scatter) {
+    for (const auto& op : o.ops) {
+      if (op != "write" && op != "read")
+        throw CLI::ValidationError("--scatter", "only with --op write and read, not " + op);
+    }
+    if (o.batch != 1 || o.concurrency != 1 || o.prepared)
+      throw CLI::ValidationError("--scatter",
+                                 "runs one batch at a time: not with --batch, "
+                                 "--concurrency or --prepared");
+  }
   if (o.batch * o.concurrency > kMaxInFlight) {
     throw CLI::ValidationError("--batch", std::to_string(o.batch) + " with --concurrency " +
                                               std::to_string(o.concurrency) + " puts " +
@@ -306,6 +322,8 @@ void check_bench_options(const BenchOptions& o) {
 
 uint64_t buffer_bytes(const BenchOptions& o) {
   uint64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  // --scatter: N slots of twice the size, so that no two entries touch.
+  if (o.scatter) return 2 * largest * static_cast<uint64_t>(*o.scatter);
   auto batch = static_cast<uint64_t>(o.batch);
   uint64_t bytes = largest * batch * static_cast<uint64_t>(o.concurrency);
   bytes = std::min<uint64_t>(bytes, std::max<uint64_t>(largest * batch, 256ull << 20));

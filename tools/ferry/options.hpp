@@ -44,6 +44,9 @@ struct BenchOptions {
   std::optional<int> wait_spin_us;
   bool prepared = false;   // write, read, write_imm and pingpong post batches prepared once
   bool same_area = false;  // write, read, write_imm: every op in flight uses the first area
+  // write, read: batches of this many entries of each size at scattered offsets, each run
+  // beside one contiguous transfer of the same bytes (ratio and submission cost printed).
+  std::optional<int> scatter;
 };
 
 // Registers the flags of `ferry bench`; each refuses a bad value (CLI::ValidationError naming

@@ -53,19 +53,54 @@ constexpr int kFramesPerEvent = 256;
 constexpr std::size_t kMinResponseLimit = 1024;
 // Unfinished write_with_imm operations a peer may have open at once on this connection.
 constexpr std::size_t kMaxImmInProgress = 1 << 16;
+// Slices of a write or read at most this long travel in group frames (kWriteGroup,
+// kReadGroupReq) with the lane's next slices of the same op, up to kMaxGroupEntries of them and
+// slice_bytes in all: one header, one credit and one answer for the lot.
+constexpr uint64_t kMaxGroupedSlice = 64 << 10;
+constexpr std::size_t kGroupTableBytes =
+    std::size_t{core::kMaxGroupEntries} * core::kGroupEntrySize;
+// Bytes a caller's post() stages and sends itself, over all the op's streams, before it leaves
+// the rest to the progress thread (EPOLLOUT); whole frames, at least the first: an operation of
+// one slice goes out without a thread hop, as before, and a large batch's write() returns after
+// its first frame (one group), not after its whole transfer.
+constexpr std::size_t kCallerSendBytes = 64 << 10;
+// Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
+constexpr int kMaxSendIov = 1024;
+constexpr int kMaxRecvIov = static_cast<int>(core::kMaxGroupEntries);  // a whole group
 // One of them: the map's node (key, value, link, allocator header) and its bucket.
 constexpr std::size_t kImmProgressBytes = 64;
 
 Status peer_lost(const std::string& what) { return {ErrorCode::kPeerLost, what}; }
 }  // namespace
 
+namespace {
+// Group answers a stream queues for its peer before it stops reading from it: twice the group
+// requests a peer of our configuration keeps in flight (each is one request).
+std::size_t group_answers_allowed(const TcpOptions& options) {
+  return 2 * static_cast<std::size_t>(std::max(options.slices_in_flight_per_stream, 1));
+}
+}  // namespace
+
+// A piece of a group frame's payload: one entry's bytes.
+struct Segment {
+  const uint8_t* data;
+  uint64_t length;
+};
+
 // An outbound frame: header plus optional payload, and what to release once it is on the wire.
+// A group frame's payload is its entry table (`table`, pointed to by `payload`) followed by
+// `segments`.
 struct Outbound {
   uint8_t header[core::kFrameHeaderSize];
   const uint8_t* payload = nullptr;
-  uint64_t payload_length = 0;
+  uint64_t payload_length = 0;  // of the first piece after the header
+  uint64_t wire = 0;            // the whole frame: header, payload and segments
+  uint64_t asks = 0;            // a read request: the bytes it asks the peer to send
   RegionSlot* lease = nullptr;  // region held while its bytes are being sent
   std::string text;             // error text payload
+  std::vector<uint8_t> table;   // capacity kept across reuses
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;  // regions of a group answer's entries
 };
 
 // A response the progress thread owes the peer: an ack or read data.
@@ -74,15 +109,33 @@ struct Response {
   const uint8_t* payload = nullptr;
   RegionSlot* lease = nullptr;
   std::string text;
+  // A kReadGroupData answer: the echoed entry table, the entries' bytes and their regions.
+  std::vector<uint8_t> table;
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;
 };
+
+namespace {
+void release_all(std::vector<RegionSlot*>& leases) {
+  for (RegionSlot* l : leases) RegionTable::release(l);
+  leases.clear();
+}
+
+// Where a group frame's entry goes: null `addr` discards its bytes.
+struct GroupDst {
+  uint8_t* addr;
+  uint64_t length;
+};
+}  // namespace
 
 struct TcpChannel::Stream final : core::Reactor::Handler {
   Stream(TcpChannel& channel, int index)
       : ch(channel),
         index(index),
-        response_limit(std::max(kMinResponseLimit,
-                                2 * static_cast<std::size_t>(std::max(
-                                        channel.options_.slices_in_flight_per_stream, 1)))) {}
+        response_limit(
+            std::max(kMinResponseLimit, 2 * static_cast<std::size_t>(std::max(
+                                                channel.options_.slices_in_flight_per_stream, 1)))),
+        group_answer_limit(group_answers_allowed(channel.options_)) {}
 
   TcpChannel& ch;
   const int index;
@@ -108,6 +161,16 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   uint64_t frame_copied = 0;          // bytes of it received
   bool sink_grows = false;            // sink is frame_buffer (see sink_room)
   bool frame_counted = false;         // the matcher counts the message until commit or abandon
+  // A group frame (kWriteGroup, kReadGroupReq, kReadGroupData) being received: first its table
+  // into group_table, then each entry's bytes to group_dst[i]. Sized by kMaxGroupEntries when
+  // the first group arrives, never by what a header announces.
+  bool group = false;
+  bool group_table_done = false;
+  uint32_t group_next = 0;  // the next entry to start
+  std::vector<uint8_t> group_table;
+  std::vector<core::GroupEntry> group_entries;
+  std::vector<GroupDst> group_dst;
+  std::vector<RegionUse> group_uses;  // target of a kWriteGroup: its entries' regions
   bool need_flush = false;
   bool last_payload_large = false;
   std::size_t wake_bytes = 0;  // received in this wake-up (kRecvBytesPerEvent)
@@ -124,6 +187,10 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   // Responses over response_limit: the loop reads no new frame (written under send_mu).
   std::atomic<bool> read_paused{false};
   const std::size_t response_limit;
+  // Group answers (kReadGroupData, each holding up to 14 KiB of table, pieces and leases)
+  // queued: over group_answer_limit the loop reads no new frame either (under send_mu).
+  std::size_t group_answers = 0;
+  const std::size_t group_answer_limit;
   OpState* queue_head = nullptr;
   OpState* queue_tail = nullptr;
   core::Ring<Response> responses;
@@ -143,15 +210,17 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
 
   // All called with send_mu held.
   void enqueue_locked(OpState* op);
-  bool stage_more_locked();
+  bool stage_more_locked(std::size_t budget);
   Status flush_locked();
-  Status send_staged_locked();
+  Status flush_locked(std::size_t& budget);
+  Status send_staged_locked(std::size_t& budget);
   void arm_locked(bool out);
   void update_events_locked();
   void resume_reading_locked();
   void post_resume();  // any thread
   void stage_response_locked(Response& r);
-  void stage_slice_locked(OpState* op, int lane);
+  void stage_slice_locked(OpState* op, int lane, std::size_t group_bytes);
+  bool stage_group_locked(OpState* op, int lane, std::size_t group_bytes);
 
   // Loop thread.
   Status read_some(bool& would_block);
@@ -169,6 +238,12 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   void taken_later(const std::shared_ptr<Stream>& self, uint64_t sender_op, OpState* recv);
   Status on_announce();
   Status on_clear_to_send();
+  Status begin_group();
+  Status group_next_part(bool& more);
+  Status recv_group_direct(bool& would_block);
+  void answer_read_group();
+  void respond_group(FrameHeader h, std::vector<uint8_t> table, std::vector<Segment> segments,
+                     std::vector<RegionSlot*> leases);
   std::size_t sink_room(std::size_t n);
   void sank(std::size_t n);
   void respond(FrameHeader h, const Status& status, const uint8_t* payload = nullptr,
@@ -234,13 +309,14 @@ Status TcpChannel::attach(int index, core::Fd fd) {
 PostResult TcpChannel::post(OpState* op) {
   PostResult result = PostResult::kAccepted;
   Status failed;
+  std::size_t budget = kCallerSendBytes;  // shared by the op's streams
   int n = static_cast<int>(streams_.size());
   for (int lane = 0; lane < op->lane_count; ++lane) {
     Stream& s = *streams_[static_cast<std::size_t>((op->first_lane + lane) % n)];
     std::lock_guard lock(s.send_mu);
     if (s.closed) continue;  // closing: the close path fails the op
     s.enqueue_locked(op);
-    if (Status st = s.flush_locked(); !st.ok()) {
+    if (Status st = s.flush_locked(budget); !st.ok()) {
       if (failed.ok()) failed = st;
       continue;
     }
@@ -297,8 +373,16 @@ std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
   // The ring doubles past the limit once; each answer may carry an error text (a heap string).
   std::size_t responses =
       2 * std::bit_ceil(response_limit) * (sizeof(Response) + core::kMaxErrorText);
+  // A group frame's parts: received (table, decoded entries, destinations, region uses) and
+  // sent or queued (table, pieces, leases), in each of the staged frames and queued answers.
+  std::size_t group_in =
+      kGroupTableBytes +
+      core::kMaxGroupEntries * (sizeof(core::GroupEntry) + sizeof(GroupDst) + sizeof(RegionUse));
+  std::size_t group_out =
+      kGroupTableBytes + core::kMaxGroupEntries * (sizeof(Segment) + sizeof(RegionSlot*));
   std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
-                           kMaxStaged * core::kMaxErrorText;
+                           kMaxStaged * core::kMaxErrorText + group_in +
+                           (kMaxStaged + group_answers_allowed(options) + 1) * group_out;
   return sizeof(TcpChannel) + static_cast<std::size_t>(options.streams) * per_stream +
          kMaxImmInProgress * kImmProgressBytes;
 }
@@ -382,12 +466,22 @@ Status TcpChannel::imm_progress(uint64_t op_id, uint32_t streams, uint32_t imm, 
 
 bool TcpChannel::Stream::touches(const uint8_t* base, uint64_t length) {
   auto inside = [&](const uint8_t* p) { return p != nullptr && p >= base && p < base + length; };
+  auto any_segment = [&](const std::vector<Segment>& segments) {
+    return std::any_of(segments.begin(), segments.end(),
+                       [&](const Segment& g) { return inside(g.data); });
+  };
   if (inside(sink)) return true;
+  // The entries of the group frame being received that are still to come.
+  for (std::size_t i = group_next; group && i < group_dst.size(); ++i) {
+    if (inside(group_dst[i].addr)) return true;
+  }
   std::lock_guard lock(send_mu);
   for (int i = 0; i < staged_count; ++i) {
-    if (inside(staged[(staged_head + i) % kMaxStaged].payload)) return true;
+    const Outbound& o = staged[(staged_head + i) % kMaxStaged];
+    if (inside(o.payload) || any_segment(o.segments)) return true;
   }
-  return responses.any_of([&](const Response& r) { return inside(r.payload); });
+  return responses.any_of(
+      [&](const Response& r) { return inside(r.payload) || any_segment(r.segments); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,12 +538,90 @@ void TcpChannel::Stream::stage_response_locked(Response& r) {
     o.payload = r.payload;
   }
   o.payload_length = core::payload_length(r.header);
+  o.wire = core::kFrameHeaderSize + o.payload_length;
+  o.asks = 0;
   o.lease = r.lease;
+  if (!r.table.empty()) {  // a group answer: table, then the entries' bytes
+    --group_answers;
+    o.table.swap(r.table);
+    o.segments.swap(r.segments);
+    o.leases.swap(r.leases);
+    o.payload = o.table.data();
+    o.payload_length = o.table.size();
+  }
   core::encode_header(r.header, o.header);
   ++staged_count;
 }
 
-void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
+namespace {
+// The length of the slice at `c`.
+uint64_t slice_at(const OpState& op, const LaneCursor& c) {
+  const OpEntry& e = op.entries[c.entry];
+  return std::min<uint64_t>(e.length - c.offset, op.slice_bytes);
+}
+}  // namespace
+
+// Stages the lane's next slices of a write or read as one group frame when at least two of them
+// are small; false (nothing staged) otherwise.
+bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane, std::size_t group_bytes) {
+  LaneCursor& c = op->lanes[lane];
+  if (c.remaining < 2 || (op->kind != OpKind::kWrite && op->kind != OpKind::kRead)) return false;
+  auto step = static_cast<uint64_t>(op->lane_count);
+  uint64_t first = slice_at(*op, c);
+  LaneCursor next = c;
+  advance(*op, next, step);
+  uint64_t second = slice_at(*op, next);
+  uint64_t limit = std::min<uint64_t>(op->slice_bytes, group_bytes);
+  if (first > kMaxGroupedSlice || second > kMaxGroupedSlice || first + second > limit) return false;
+
+  bool write = op->kind == OpKind::kWrite;
+  Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
+  o.table.reserve(kGroupTableBytes);
+  o.table.clear();
+  o.segments.reserve(core::kMaxGroupEntries);
+  o.segments.clear();
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  while (c.remaining > 0 && n < core::kMaxGroupEntries) {
+    const OpEntry& e = op->entries[c.entry];
+    uint64_t length = slice_at(*op, c);
+    if (length > kMaxGroupedSlice || bytes + length > limit) break;
+    core::GroupEntry g{e.remote_region, static_cast<uint32_t>(length), e.remote_key,
+                       e.remote_offset + c.offset, c.entry};
+    o.table.resize(o.table.size() + core::kGroupEntrySize);
+    core::encode_group_entry(g, o.table.data() + o.table.size() - core::kGroupEntrySize);
+    if (write) o.segments.push_back({e.local + c.offset, length});
+    bytes += length;
+    ++n;
+    --c.remaining;
+    advance(*op, c, step);
+  }
+  FrameHeader h;
+  h.op_id = op->id.load(std::memory_order_relaxed);
+  h.type = write ? FrameType::kWriteGroup : FrameType::kReadGroupReq;
+  h.region_id = n;
+  h.length = static_cast<uint32_t>(o.table.size() + (write ? bytes : 0));
+  if (write && op->with_imm) {
+    h.flags = core::kFlagImm | (c.remaining == 0 ? core::kFlagLastOnStream : 0);
+    h.aux32 = op->imm;
+    h.aux64 = static_cast<uint64_t>(op->lane_count);
+  }
+  o.payload = o.table.data();
+  o.payload_length = o.table.size();
+  o.wire = core::kFrameHeaderSize + h.length;
+  o.asks = write ? 0 : bytes;
+  o.lease = nullptr;
+  core::encode_header(h, o.header);
+  ++staged_count;
+  --credits;
+  ++outstanding;
+  return true;
+}
+
+// `group_bytes`: the most data a group frame may move (the caller's budget; else unlimited, and
+// a group moves at most a slice).
+void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t group_bytes) {
+  if (stage_group_locked(op, lane, group_bytes)) return;
   LaneCursor& c = op->lanes[lane];
   const OpEntry& e = op->entries[c.entry];
   uint64_t length = e.length - c.offset;
@@ -499,6 +671,8 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
     case OpKind::kRecv:
       break;  // never queued
   }
+  o.wire = core::kFrameHeaderSize + o.payload_length;
+  o.asks = op->kind == OpKind::kRead ? length : 0;
   core::encode_header(h, o.header);
   ++staged_count;
   --credits;
@@ -507,16 +681,23 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane) {
   advance(*op, c, static_cast<uint64_t>(op->lane_count));
 }
 
-bool TcpChannel::Stream::stage_more_locked() {
+// Stages answers and slices until the ring is full or frames of `budget` bytes are staged,
+// counting the bytes a read request asks for (the caller of post() stages no more than it
+// sends itself, and asks for no more than that either).
+bool TcpChannel::Stream::stage_more_locked(std::size_t budget) {
   bool staged_any = false;
-  while (staged_count < kMaxStaged) {
+  auto weight = [](const Outbound& o) { return o.wire + o.asks; };
+  std::size_t staged_bytes = 0;
+  for (int i = 0; i < staged_count; ++i)
+    staged_bytes += weight(staged[(staged_head + i) % kMaxStaged]);
+  while (staged_count < kMaxStaged && staged_bytes < budget) {
     if (!responses.empty()) {
       stage_response_locked(responses.front());
       responses.pop_front();
     } else if (queue_head != nullptr && credits > 0 && !answers_only) {
       OpState* op = queue_head;
       int lane = lane_of(op);
-      stage_slice_locked(op, lane);
+      stage_slice_locked(op, lane, budget - staged_bytes);
       if (op->lanes[lane].remaining == 0) {
         queue_head = op->lane_next[lane];
         if (queue_head == nullptr) queue_tail = nullptr;
@@ -525,41 +706,65 @@ bool TcpChannel::Stream::stage_more_locked() {
       break;
     }
     staged_any = true;
+    staged_bytes += weight(staged[(staged_head + staged_count - 1) % kMaxStaged]);
   }
   return staged_any;
 }
 
 Status TcpChannel::Stream::flush_locked() {
+  std::size_t unlimited = SIZE_MAX;
+  return flush_locked(unlimited);
+}
+
+// Sends what is staged and queued until the socket is full, or `budget` bytes were offered
+// (then the progress thread goes on when the socket is writable); takes what it offered off
+// the budget.
+Status TcpChannel::Stream::flush_locked(std::size_t& budget) {
   if (closed) return {};
-  Status st = send_staged_locked();
-  if (read_paused.load() && responses.size() <= response_limit / 2) resume_reading_locked();
+  Status st = send_staged_locked(budget);
+  if (read_paused.load() && responses.size() <= response_limit / 2 &&
+      group_answers <= group_answer_limit / 2) {
+    resume_reading_locked();
+  }
   return st;
 }
 
-Status TcpChannel::Stream::send_staged_locked() {
+Status TcpChannel::Stream::send_staged_locked(std::size_t& budget) {
   for (;;) {
-    stage_more_locked();
+    if (budget == 0) {  // the progress thread goes on (it finds nothing to do, at worst)
+      arm_locked(true);
+      return {};
+    }
+    stage_more_locked(budget);
     if (staged_count == 0) {
       arm_locked(false);
       return {};
     }
-    iovec iov[kMaxStaged * 2];
+    iovec iov[kMaxSendIov];
     int n = 0;
     std::size_t total = 0;
+    // The frames' pieces past what was sent, as many as one call takes.
+    auto add = [&](const uint8_t* p, std::size_t length, std::size_t& skip) {
+      if (skip >= length) {
+        skip -= length;
+        return true;
+      }
+      if (n == kMaxSendIov) return false;
+      iov[n++] = {const_cast<uint8_t*>(p) + skip, length - skip};
+      total += length - skip;
+      skip = 0;
+      return true;
+    };
     for (int i = 0; i < staged_count; ++i) {
+      if (i > 0 && total >= budget) break;  // whole frames, at least the first
       Outbound& o = staged[(staged_head + i) % kMaxStaged];
       std::size_t skip = i == 0 ? front_sent : 0;
-      if (skip < core::kFrameHeaderSize) {
-        iov[n++] = {o.header + skip, core::kFrameHeaderSize - skip};
-        total += core::kFrameHeaderSize - skip;
-        skip = 0;
-      } else {
-        skip -= core::kFrameHeaderSize;
+      bool fits = add(o.header, core::kFrameHeaderSize, skip) &&
+                  (o.payload_length == 0 || add(o.payload, o.payload_length, skip));
+      for (std::size_t k = 0; fits && k < o.segments.size(); ++k) {
+        if (o.segments[k].length > 0) fits = add(o.segments[k].data, o.segments[k].length, skip);
       }
-      if (o.payload_length > skip) {
-        iov[n++] = {const_cast<uint8_t*>(o.payload) + skip, o.payload_length - skip};
-        total += o.payload_length - skip;
-      }
+      if (!fits) break;
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -575,21 +780,26 @@ Status TcpChannel::Stream::send_staged_locked() {
                               ErrorCode::kPeerLost);
     }
     auto left = static_cast<std::size_t>(sent);
+    std::size_t spent = left;  // what went out, and what the read requests that went ask for
     while (staged_count > 0) {
       Outbound& o = staged[staged_head];
-      std::size_t frame_left = core::kFrameHeaderSize + o.payload_length - front_sent;
+      std::size_t frame_left = o.wire - front_sent;
       if (left < frame_left) {
         front_sent += left;
         break;
       }
       left -= frame_left;
+      spent += o.asks;
       front_sent = 0;
       if (o.lease != nullptr) RegionTable::release(o.lease);
       o.lease = nullptr;
       o.text.clear();
+      o.segments.clear();
+      release_all(o.leases);
       staged_head = (staged_head + 1) % kMaxStaged;
       --staged_count;
     }
+    if (budget != SIZE_MAX) budget -= std::min(budget, spent);
     if (static_cast<std::size_t>(sent) < total) {
       arm_locked(true);
       return {};
@@ -624,6 +834,29 @@ void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint
   }
 }
 
+void TcpChannel::Stream::respond_group(FrameHeader h, std::vector<uint8_t> table,
+                                       std::vector<Segment> segments,
+                                       std::vector<RegionSlot*> leases) {
+  Response r;
+  r.header = h;
+  r.table = std::move(table);
+  r.segments = std::move(segments);
+  r.leases = std::move(leases);
+  std::lock_guard lock(send_mu);
+  if (closed) {
+    release_all(r.leases);
+    return;
+  }
+  responses.push_back(std::move(r));
+  ++group_answers;
+  need_flush = true;
+  if ((responses.size() >= response_limit || group_answers >= group_answer_limit) &&
+      !read_paused.load()) {
+    read_paused.store(true);
+    update_events_locked();
+  }
+}
+
 Status TcpChannel::Stream::lookup_reply_op(OpKind kind) {
   frame_op = ch.link_->pool->lookup(cur.op_id);
   if (frame_op == nullptr || frame_op->kind != kind) {
@@ -649,7 +882,26 @@ Status TcpChannel::Stream::begin_frame() {
   uint64_t payload = core::payload_length(cur);
   bool error_text = cur.status != 0 && payload > 0;
 
+  group = false;
+
   switch (cur.type) {
+    case FrameType::kWriteGroup:
+    case FrameType::kReadGroupReq:
+      return begin_group();
+    case FrameType::kReadGroupData: {
+      if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
+      if (cur.region_id > frame_op->pending.load(std::memory_order_relaxed)) {
+        return {ErrorCode::kProtocol, "read data for " + std::to_string(cur.region_id) +
+                                          " entries, more than were asked for"};
+      }
+      if (error_text) {
+        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
+        sink = frame_text.data();
+        sink_left = payload;
+        return {};
+      }
+      return begin_group();
+    }
     case FrameType::kWrite: {
       uint8_t* addr = nullptr;
       frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
@@ -705,6 +957,10 @@ Status TcpChannel::Stream::begin_frame() {
     case FrameType::kSendAck: {
       OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
       if (Status st = lookup_reply_op(kind); !st.ok()) return st;
+      if (cur.aux32 > 1 && cur.aux32 > frame_op->pending.load(std::memory_order_relaxed)) {
+        return {ErrorCode::kProtocol,
+                "ack for " + std::to_string(cur.aux32) + " entries, more than were sent"};
+      }
       frame_text.resize(payload);  // error text: decode_header allows at most kMaxErrorText
       sink = frame_text.data();
       sink_left = payload;
@@ -755,15 +1011,190 @@ Status TcpChannel::Stream::begin_frame() {
   }
 }
 
+// A group frame's table comes first, into a buffer of the largest table's size.
+Status TcpChannel::Stream::begin_group() {
+  if (group_table.size() < kGroupTableBytes) {
+    group_table.resize(kGroupTableBytes);
+    group_entries.resize(core::kMaxGroupEntries);
+    group_dst.reserve(core::kMaxGroupEntries);
+    group_uses.reserve(core::kMaxGroupEntries);
+  }
+  group = true;
+  group_table_done = false;
+  group_next = 0;
+  group_dst.clear();
+  sink = group_table.data();
+  sink_left = std::size_t{cur.region_id} * core::kGroupEntrySize;  // decode_header: <= length
+  return {};
+}
+
+// The current group frame's next part, once the previous one is complete: after the table,
+// where each entry's bytes go. `more`: a part with bytes follows (sink or discard set).
+Status TcpChannel::Stream::group_next_part(bool& more) {
+  more = false;
+  if (!group) return {};
+  uint32_t n = cur.region_id;
+  if (!group_table_done) {
+    group_table_done = true;
+    uint64_t total = 0;
+    std::size_t table = std::size_t{n} * core::kGroupEntrySize;
+    if (Status st =
+            core::decode_group_table(group_table.data(), table, n, group_entries.data(), total);
+        !st.ok()) {
+      return st;
+    }
+    if (cur.type == FrameType::kReadGroupReq) return {};  // answered by end_frame
+    if (total != cur.length - table) {
+      return {ErrorCode::kProtocol, "group of " + std::to_string(total) + " bytes in a frame of " +
+                                        std::to_string(cur.length - table)};
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      const core::GroupEntry& g = group_entries[i];
+      if (cur.type == FrameType::kWriteGroup) {
+        // Each entry is checked as a kWrite is: region, key, permission, bounds, revocation.
+        // A refused entry's bytes are dropped; the first refusal is the answer.
+        uint8_t* addr = nullptr;
+        RegionUse use;
+        Status st = ch.host_.regions().acquire(g.region_id, g.key, g.offset, g.length,
+                                               Access::kRemoteWrite, &addr, use);
+        if (!st.ok() && frame_error.ok()) {
+          frame_error = {st.code(), "write entry " + std::to_string(g.index) + ": " + st.message()};
+        }
+        group_dst.push_back({st.ok() ? addr : nullptr, g.length});
+        group_uses.push_back(std::move(use));
+      } else {
+        // Read data: each entry must fall inside the op's entry it names, as for kReadData.
+        const std::vector<OpEntry>& entries = frame_op->entries;
+        if (g.index >= entries.size()) {
+          return {ErrorCode::kProtocol, "read data for entry " + std::to_string(g.index) + " of " +
+                                            std::to_string(entries.size())};
+        }
+        const OpEntry& e = entries[g.index];
+        if (g.offset < e.remote_offset || g.offset - e.remote_offset > e.length ||
+            g.length > e.length - (g.offset - e.remote_offset) ||
+            g.length > frame_op->slice_bytes) {
+          return {ErrorCode::kProtocol, "read data outside the requested range"};
+        }
+        group_dst.push_back({e.local + (g.offset - e.remote_offset), g.length});
+      }
+    }
+  }
+  while (group_next < group_dst.size()) {
+    const GroupDst& d = group_dst[group_next++];
+    if (d.length == 0) continue;
+    if (d.addr != nullptr) {
+      sink = d.addr;
+      sink_left = d.length;
+    } else {
+      discard_left = d.length;
+    }
+    more = true;
+    return {};
+  }
+  return {};
+}
+
+// Receives straight into the current entry and the group's next ones, one recvmsg for many
+// small entries; used when no byte is buffered.
+Status TcpChannel::Stream::recv_group_direct(bool& would_block) {
+  // At most what is left of this wake-up's byte budget (kRecvBytesPerEvent), as recv_into.
+  std::size_t budget = kRecvBytesPerEvent - std::min(wake_bytes, kRecvBytesPerEvent - 1);
+  iovec iov[kMaxRecvIov];
+  int n = 0;
+  std::size_t offered = std::min<std::size_t>(sink_left, budget);
+  iov[n++] = {sink, offered};
+  for (std::size_t i = group_next; i < group_dst.size() && n < kMaxRecvIov && offered < budget;
+       ++i) {
+    if (group_dst[i].length == 0) continue;
+    if (group_dst[i].addr == nullptr) break;  // dropped bytes go through the staging buffer
+    std::size_t take = std::min<std::size_t>(group_dst[i].length, budget - offered);
+    iov[n++] = {group_dst[i].addr, take};
+    offered += take;
+  }
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<std::size_t>(n);
+  ssize_t got = ::recvmsg(fd.get(), &msg, MSG_DONTWAIT);
+  if (got == 0) return peer_lost("stream " + std::to_string(index) + ": connection closed by peer");
+  if (got < 0) {
+    if (errno == EAGAIN || errno == EINTR) {
+      would_block = errno == EAGAIN;
+      return {};
+    }
+    return core::sys_status("recv on stream " + std::to_string(index), errno, ErrorCode::kPeerLost);
+  }
+  wake_bytes += static_cast<std::size_t>(got);
+  // Hand the bytes to the entries in order: the next ones were all in the vector.
+  auto left = static_cast<std::size_t>(got);
+  for (;;) {
+    std::size_t take = std::min<std::size_t>(left, sink_left);
+    sank(take);
+    left -= take;
+    if (left == 0) return {};
+    bool more = false;
+    if (Status st = group_next_part(more); !st.ok()) return st;
+    if (!more || sink_left == 0) return {ErrorCode::kProtocol, "group receive out of step"};
+  }
+}
+
+// A kReadGroupReq's table has arrived: every entry checked as a kReadReq is, then one answer
+// with all their bytes, or the first refusal.
+void TcpChannel::Stream::answer_read_group() {
+  uint32_t n = cur.region_id;
+  FrameHeader h;
+  h.type = FrameType::kReadGroupData;
+  h.op_id = cur.op_id;
+  h.region_id = n;
+  std::vector<Segment> segments;
+  std::vector<RegionSlot*> leases;
+  segments.reserve(n);
+  leases.reserve(n);
+  uint64_t total = std::size_t{n} * core::kGroupEntrySize;
+  Status refused;
+  for (uint32_t i = 0; i < n && refused.ok(); ++i) {
+    const core::GroupEntry& g = group_entries[i];
+    uint8_t* addr = nullptr;
+    RegionUse use;
+    Status st = ch.host_.regions().acquire(g.region_id, g.key, g.offset, g.length,
+                                           Access::kRemoteRead, &addr, use);
+    total += g.length;
+    if (!st.ok()) {
+      refused = {st.code(), "read entry " + std::to_string(g.index) + ": " + st.message()};
+    } else if (total > UINT32_MAX) {
+      refused = {ErrorCode::kInvalidArgument, "read entries of more than 4 GiB in one group"};
+    } else {
+      segments.push_back({addr, g.length});
+      leases.push_back(use.detach());
+    }
+  }
+  if (!refused.ok()) {
+    release_all(leases);
+    respond(h, refused);
+    return;
+  }
+  h.length = static_cast<uint32_t>(total);
+  std::size_t table = std::size_t{n} * core::kGroupEntrySize;
+  respond_group(h, std::vector<uint8_t>(group_table.begin(), group_table.begin() + table),
+                std::move(segments), std::move(leases));
+}
+
 Status TcpChannel::Stream::end_frame() {
   switch (cur.type) {
+    case FrameType::kWriteGroup:
     case FrameType::kWrite: {
-      frame_use.release();
       FrameHeader h;
       h.type = FrameType::kWriteAck;
       h.op_id = cur.op_id;
-      respond(h, frame_error.ok() ? frame_error
-                                  : Status(frame_error.code(), "write: " + frame_error.message()));
+      if (cur.type == FrameType::kWriteGroup) {
+        group_uses.clear();  // releases the entries' regions
+        h.aux32 = cur.region_id;
+        respond(h, frame_error);  // names the first refused entry
+      } else {
+        frame_use.release();
+        respond(h, frame_error.ok()
+                       ? frame_error
+                       : Status(frame_error.code(), "write: " + frame_error.message()));
+      }
       bool last = (cur.flags & core::kFlagLastOnStream) != 0;
       if ((cur.flags & core::kFlagImm) && (last || !frame_error.ok())) {
         return ch.imm_progress(cur.op_id, static_cast<uint32_t>(cur.aux64), cur.aux32, last,
@@ -773,6 +1204,10 @@ Status TcpChannel::Stream::end_frame() {
     }
     case FrameType::kReadReq:
       return {};
+    case FrameType::kReadGroupReq:
+      answer_read_group();
+      return {};
+    case FrameType::kReadGroupData:
     case FrameType::kReadData:
     case FrameType::kWriteAck:
     case FrameType::kSendAck: {
@@ -785,7 +1220,10 @@ Status TcpChannel::Stream::end_frame() {
           (cur.status == 0 || cur.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
         ch.link_->tcp_messages.sent.fetch_add(1, std::memory_order_relaxed);
       }
-      if (op->finish_slices(1)) op->finish_posted();
+      int64_t slices = 1;  // a group's answer finishes each of its entries
+      if (cur.type == FrameType::kReadGroupData) slices = cur.region_id;
+      if (cur.type == FrameType::kWriteAck && cur.aux32 > 1) slices = cur.aux32;
+      if (op->finish_slices(slices)) op->finish_posted();
       return {};
     }
     case FrameType::kSendCts:
@@ -896,6 +1334,16 @@ Status TcpChannel::Stream::on_clear_to_send() {
 
 Status TcpChannel::Stream::read_some(bool& would_block) {
   would_block = false;
+  if (in_payload && rpos == rend && group && sink_left > 0) {
+    // A group's table alone (its entries' bytes then go straight to them), or many entries.
+    if (!group_table_done) {
+      std::size_t got = 0;
+      Status st = recv_into(sink, sink_left, got, would_block);
+      sank(got);
+      return st;
+    }
+    return recv_group_direct(would_block);
+  }
   // Receive straight into the destination when much of the payload is still to come.
   if (in_payload && rpos == rend && sink_left >= kDirectRecvMin) {
     std::size_t got = 0;
@@ -1001,6 +1449,9 @@ Status TcpChannel::Stream::consume(int& frames) {
       rpos += n;
     }
     if (sink_left > 0 || discard_left > 0) break;  // wait for more bytes
+    bool more = false;
+    st = group_next_part(more);
+    if (!st.ok() || more) continue;
     in_payload = false;
     st = end_frame();
   }
@@ -1053,17 +1504,20 @@ void TcpChannel::Stream::stop() {
     closed = true;
     while (!responses.empty()) {
       if (responses.front().lease != nullptr) RegionTable::release(responses.front().lease);
+      release_all(responses.front().leases);
       responses.pop_front();
     }
     for (; staged_count > 0; --staged_count) {
       Outbound& o = staged[staged_head];
       if (o.lease != nullptr) RegionTable::release(o.lease);
       o.lease = nullptr;
+      release_all(o.leases);
       staged_head = (staged_head + 1) % kMaxStaged;
     }
     queue_head = queue_tail = nullptr;
   }
   frame_use.release();
+  group_uses.clear();
   if (frame_counted) {  // its bytes will not come
     frame_counted = false;
     ch.link_->matcher.abandon(core::payload_length(cur));
