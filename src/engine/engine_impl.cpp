@@ -222,10 +222,11 @@ void EngineImpl::deregister(RegionRecord& record) {
     p->link->pool->unwatched();
     // A receive posted into the region and not yet matched would hold it forever.
     for (OpState* recv : p->link->matcher.take_posted_into(record.id)) {
-      recv->record_error({ErrorCode::kRevoked, "recv tag " + std::to_string(recv->tag) +
-                                                   ": region " + std::to_string(record.id) +
-                                                   " was deregistered while it waited"});
-      recv->finish_posted();
+      p->link->pool->fail_posted(recv, [&](const OpState& op) {
+        return Status(ErrorCode::kRevoked, "recv tag " + std::to_string(op.tag) + ": region " +
+                                               std::to_string(record.id) +
+                                               " was deregistered while it waited");
+      });
     }
   }
   regions_.revoke(record.id, config.revoke_timeout, [&] {

@@ -185,6 +185,12 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // Closes the pool for posting and returns every posted op still incomplete, each with a
   // reference the caller must release.
   std::vector<OpState*> close_and_collect();
+  // Fails a posted op with `why(op)` and drops the transport's reference, unless the pool is
+  // closing: then close_and_collect() owns it (and this touches it not at all). For an op the
+  // caller took from the transport (a receive removed from the matcher) while the peer may be
+  // failing concurrently.
+  template <typename Why>
+  bool fail_posted(OpState* op, Why why);
   // Whether an op posted and still incomplete has an entry in the local region `region_id`.
   // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
   // pool's lock and visits every op).
@@ -226,5 +232,19 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<ProgressSource*> progress_{nullptr};
   std::atomic<int> progress_users_{0};
 };
+
+template <typename Why>
+bool OpPool::fail_posted(OpState* op, Why why) {
+  // The gate mark_posted() uses: close_and_collect() waits for this to leave, then finds the op
+  // complete; or this sees the pool closed and leaves the op to it.
+  posting_.fetch_add(1);
+  bool open = !closed_.load();
+  if (open) {
+    op->record_error(why(*op));
+    op->finish_posted();
+  }
+  posting_.fetch_sub(1, std::memory_order_release);
+  return open;
+}
 
 }  // namespace ferry::transport
