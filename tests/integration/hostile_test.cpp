@@ -295,27 +295,6 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
       << "the flooder stays connected (it is alive, only slow); the legitimate peer left";
 }
 
-// A raw peer admitted by `server` with one data stream: what a hostile client holds after a
-// complete handshake.
-struct RawPeer {
-  explicit RawPeer(Engine& server, uint64_t id) : control(server, kOtherHost) {
-    control.send(engine::encode(hello_from(id)));
-    core::FrameHeader h;
-    std::vector<uint8_t> body;
-    EXPECT_TRUE(control.read(h, body).ok());
-    engine::HelloAck ack;
-    EXPECT_TRUE(engine::decode(body, ack).ok());
-    stream = std::make_unique<Raw>(server, kOtherHost);
-    engine::Join join;
-    join.token = ack.token;
-    stream->send(engine::encode(join));
-    EXPECT_TRUE(stream->read(h, body).ok());
-    EXPECT_EQ(h.type, core::FrameType::kJoinOk);
-  }
-  Raw control;
-  std::unique_ptr<Raw> stream;
-};
-
 TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   Config c = test_config();
   c.tcp_streams = 1;
@@ -324,7 +303,7 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   std::vector<uint8_t> mem(1 << 20, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
   Descriptor d = region.descriptor();
-  RawPeer raw(server, 91);
+  RawPeer raw(server, 91, kOtherHost);
   auto accepted = server.accept(kWait);
   ASSERT_TRUE(accepted.has_value());
   // A small write, then a write of the whole region whose bytes stop after the first 10, in
@@ -389,7 +368,7 @@ TEST(Hostile, UnfinishedNotificationsPastTheLimitDropThePeerNotTheNotification) 
   std::vector<uint8_t> mem(64, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
   Descriptor d = region.descriptor();
-  RawPeer raw(server, 92);
+  RawPeer raw(server, 92, kOtherHost);
   auto accepted = server.accept(kWait);
   ASSERT_TRUE(accepted.has_value());
   // Each write_with_imm claims two streams and finishes on this one only: the server keeps a

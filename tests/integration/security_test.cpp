@@ -97,20 +97,8 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
   std::vector<uint8_t> mem(4096, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteReadWrite);
 
-  Raw control(server);
-  control.send(engine::encode(hello_from(7)));
-  core::FrameHeader h;
-  std::vector<uint8_t> body;
-  ASSERT_TRUE(control.read(h, body).ok());
-  ASSERT_EQ(h.type, core::FrameType::kHelloAck);
-  engine::HelloAck ack;
-  ASSERT_TRUE(engine::decode(body, ack).ok());
-  Raw stream(server);
-  engine::Join join;
-  join.token = ack.token;
-  stream.send(engine::encode(join));
-  ASSERT_TRUE(stream.read(h, body).ok());
-  ASSERT_EQ(h.type, core::FrameType::kJoinOk);
+  RawPeer raw(server, 7);
+  Raw& stream = *raw.stream;
   auto peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
   EXPECT_TRUE(peer->connected());
@@ -144,19 +132,10 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
   uint64_t key = 0;
   std::memcpy(&key, d.key_for(TransportKind::kTcp)->bytes, 8);
 
-  Raw control(server);
-  control.send(engine::encode(hello_from(8)));
+  RawPeer raw(server, 8);
+  Raw& stream = *raw.stream;
   core::FrameHeader h;
   std::vector<uint8_t> body;
-  ASSERT_TRUE(control.read(h, body).ok());
-  engine::HelloAck ack;
-  ASSERT_TRUE(engine::decode(body, ack).ok());
-  Raw stream(server);
-  engine::Join join;
-  join.token = ack.token;
-  stream.send(engine::encode(join));
-  ASSERT_TRUE(stream.read(h, body).ok());
-  ASSERT_EQ(h.type, core::FrameType::kJoinOk);
   auto peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
 

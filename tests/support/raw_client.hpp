@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -79,5 +80,28 @@ inline engine::Hello hello_from(uint64_t id, uint64_t incarnation = 1) {
   h.transports = {TransportKind::kTcp};
   return h;
 }
+
+// A raw peer admitted by `server` with one data stream: what a hostile client holds after a
+// complete handshake.
+struct RawPeer {
+  explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1")
+      : control(server, source) {
+    control.send(engine::encode(hello_from(id)));
+    core::FrameHeader h;
+    std::vector<uint8_t> body;
+    EXPECT_TRUE(control.read(h, body).ok());
+    EXPECT_EQ(h.type, core::FrameType::kHelloAck);
+    engine::HelloAck ack;
+    EXPECT_TRUE(engine::decode(body, ack).ok());
+    stream = std::make_unique<Raw>(server, source);
+    engine::Join join;
+    join.token = ack.token;
+    stream->send(engine::encode(join));
+    EXPECT_TRUE(stream->read(h, body).ok());
+    EXPECT_EQ(h.type, core::FrameType::kJoinOk);
+  }
+  Raw control;
+  std::unique_ptr<Raw> stream;
+};
 
 }  // namespace ferry::test
