@@ -129,7 +129,7 @@ TEST(UnexpectedLimits, TheEngineWideLimitHoldsForPeersEachUnderTheirOwn) {
 // Peers flooding every resource the limits cover (unmatched messages far past their limit,
 // notifications up to theirs) leave the engine within the documented bound
 // (docs/architecture.md, "Limits"; EngineImpl::memory_bound). Without the limits the flood
-// would add 500 MiB.
+// would add 500 MiB (8 × 62.5 MiB).
 TEST(MemoryBound, PeersFloodingEveryLimitStayWithinTheFormula) {
   if (::mallinfo2().arena == 0) GTEST_SKIP() << "no heap statistics (a sanitizer's allocator)";
   Config sc = test_config();
