@@ -141,8 +141,9 @@ std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
   std::size_t group_in =
       kGroupTableBytes +
       core::kMaxGroupEntries * (sizeof(core::GroupEntry) + sizeof(GroupDst) + sizeof(RegionUse));
+  constexpr std::size_t kLeaseBytes = sizeof(std::uintptr_t);  // a lease is a slot pointer
   std::size_t group_out =
-      kGroupTableBytes + core::kMaxGroupEntries * (sizeof(Segment) + sizeof(RegionSlot*));
+      kGroupTableBytes + core::kMaxGroupEntries * (sizeof(Segment) + kLeaseBytes);
   std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
                            kMaxStaged * core::kMaxErrorText + group_in +
                            (kMaxStaged + group_answers_allowed(options) + 1) * group_out;
