@@ -416,23 +416,23 @@ void EngineImpl::attach_stream(const std::shared_ptr<PeerImpl>& peer, const engi
     peer->close(s);
     return;
   }
-  bool ready = false;
   {
     std::lock_guard lock(mu_);
     auto it = std::find_if(joining_.begin(), joining_.end(),
                            [&](const auto& j) { return j.first == join.token; });
-    if (it != joining_.end() && ++it->second.joined == it->second.streams) {
-      joining_.erase(it);
-      peers_.push_back(peer);
-      accepted_.push_back(peer);
-      ++admitted_;
-      ready = true;
-    }
+    if (it == joining_.end() || ++it->second.joined != it->second.streams) return;
+    joining_.erase(it);
   }
-  if (ready) {
-    peer->start_control();
-    accept_cv_.notify_all();
+  // Started before anyone can see the peer: accept() may close it at once. (shutdown() waits
+  // for this thread before it collects the peers, so none is missed in between.)
+  peer->start_control();
+  {
+    std::lock_guard lock(mu_);
+    peers_.push_back(peer);
+    accepted_.push_back(peer);
+    ++admitted_;
   }
+  accept_cv_.notify_all();
 }
 
 Peer EngineImpl::connect(std::string_view host_port) {
