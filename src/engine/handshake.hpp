@@ -20,8 +20,9 @@ constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 2: an announced verbs message the receiver took is not ACKed (its FIN's delivery completes
 // the send). 3: the authentication MACs cover both incarnations. 4: TCP rendezvous for large
 // sends (SEND_CTS, SEND flags ANNOUNCE / RENDEZVOUS); group frames (WRITE_GROUP, READ_GROUP_REQ,
-// READ_GROUP_DATA) carry many small slices of an operation; WRITE_ACK counts them.
-constexpr uint16_t kProtocolVersion = 4;
+// READ_GROUP_DATA) carry many small slices of an operation; WRITE_ACK counts them. 5: verbs
+// messages up to 64 KiB go eager (64 KiB receive buffers); one verbs ACK names up to 4 messages.
+constexpr uint16_t kProtocolVersion = 5;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;

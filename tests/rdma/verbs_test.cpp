@@ -175,12 +175,12 @@ TEST_F(Verbs, ConcurrentThreadsAndMessages) {
 // Tagged messages over verbs
 
 TEST_F(Verbs, SmallMessagesGoEagerOverVerbs) {
-  Buffer src(p.initiator, 64 << 10, Access::kLocal, 20);
-  Buffer dst(p.target, 64 << 10, Access::kLocal, 21);
-  // Posted first, then sent; an empty message; the largest eager one (8 KiB - header).
-  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{100}, uint64_t{8144}}) {
+  Buffer src(p.initiator, 128 << 10, Access::kLocal, 20);
+  Buffer dst(p.target, 128 << 10, Access::kLocal, 21);
+  // Posted first, then sent; an empty message; the largest eager one (64 KiB + 16).
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{100}, uint64_t{65552}}) {
     SCOPED_TRACE(size);
-    Future r = p.target_peer.recv(1, dst.region, 0, 8192);
+    Future r = p.target_peer.recv(1, dst.region, 0, 65552);
     ASSERT_TRUE(p.peer.send(1, src.region, size % 5, size).wait(kWait).ok());
     ASSERT_TRUE(r.wait(kWait).ok()) << r.status().to_string();
     EXPECT_EQ(r.bytes(), size);
@@ -198,6 +198,41 @@ TEST_F(Verbs, SmallMessagesGoEagerOverVerbs) {
   EXPECT_EQ(initiator.verbs_messages_received, 1u);
   EXPECT_EQ(target.tcp_messages_received + initiator.tcp_messages_received, 0u);
   EXPECT_EQ(target.verbs_messages_zero_copy, 0u);
+}
+
+// Many eager messages in flight: their ACKs go out several to a message (up to 4 senders' ops
+// named in one), and a refusal among them still reaches its own sender alone.
+TEST_F(Verbs, EagerMessagesInFlightAreEachAcknowledged) {
+  constexpr int kMessages = 64;
+  constexpr uint64_t kSize = 64 << 10;
+  Buffer src(p.initiator, kSize * kMessages, Access::kLocal, 40);
+  Buffer dst(p.target, kSize * kMessages, Access::kLocal, 41);
+  std::vector<Future> recvs, sends;
+  for (int i = 0; i < kMessages; ++i) {
+    // Message 10's receive is too small: that send alone fails, truncated.
+    uint64_t capacity = i == 10 ? 100 : kSize;
+    recvs.push_back(p.target_peer.recv(11, dst.region, i * kSize, capacity));
+  }
+  for (int i = 0; i < kMessages; ++i)
+    sends.push_back(p.peer.send(11, src.region, i * kSize, kSize));
+  for (int i = 0; i < kMessages; ++i) {
+    SCOPED_TRACE(i);
+    Status sent = sends[i].wait(kWait), received = recvs[i].wait(kWait);
+    if (i == 10) {
+      EXPECT_EQ(sent.code(), ErrorCode::kTruncated) << sent.to_string();
+      EXPECT_EQ(received.code(), ErrorCode::kTruncated) << received.to_string();
+      EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, 100));
+      continue;
+    }
+    ASSERT_TRUE(sent.ok()) << sent.to_string();
+    ASSERT_TRUE(received.ok()) << received.to_string();
+    EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, kSize));
+  }
+  EXPECT_EQ(p.peer.stats().verbs_messages_sent, static_cast<uint64_t>(kMessages));
+  // Replies after the messages were taken: the connection is in order both ways.
+  Future back = p.peer.recv(12, src.region, 0, 64);
+  ASSERT_TRUE(p.target_peer.send(12, dst.region, 0, 64).wait(kWait).ok());
+  ASSERT_TRUE(back.wait(kWait).ok());
 }
 
 // A large message: announced, then written by the sender straight into a posted receive buffer

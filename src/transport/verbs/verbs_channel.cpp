@@ -625,8 +625,7 @@ void VerbsChannel::on_event(uint32_t) {
   // Receives: always armed (a waiter may poll them too).
   ibv_req_notify_cq(recv_cq_, 0);
   lock_polling();
-  if (drain(recv_cq_, &VerbsChannel::handle_recv_completion, kReceivesPerEvent) >=
-      kReceivesPerEvent) {
+  if (poll_recv(kReceivesPerEvent) >= kReceivesPerEvent) {
     // More may wait, and the queue was armed before them: no event would come for them.
     std::shared_ptr<VerbsChannel> self = shared_from_this();
     host_.reactor().post(loop_, [self] { self->on_event(0); });
@@ -656,7 +655,12 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&),
 }
 
 int VerbsChannel::poll_send() { return drain(send_cq_, &VerbsChannel::handle_send_completion); }
-int VerbsChannel::poll_recv() { return drain(recv_cq_, &VerbsChannel::handle_recv_completion); }
+int VerbsChannel::poll_recv(int budget) {
+  int handled = drain(recv_cq_, &VerbsChannel::handle_recv_completion, budget);
+  // The ACKs of the eager messages just taken go out together, one SEND for up to kAckIds.
+  if (acks_waiting_.load(std::memory_order_relaxed)) send_acks();
+  return handled;
+}
 int VerbsChannel::poll_both() { return poll_send() + poll_recv(); }
 
 void VerbsChannel::handle_send_completion(const ibv_wc& wc) {

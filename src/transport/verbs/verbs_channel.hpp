@@ -132,16 +132,23 @@ class VerbsChannel final : public Channel,
   // An announced message's FIN was delivered: its send completes.
   void finish_announced(OpState* op);
   void on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  // Completes the send `id` an ACK names; false (the channel closing) if there is none.
+  bool take_ack(uint64_t id, ErrorCode code, const uint8_t* text, uint32_t length);
   // Answers an announced message with CTS: its bytes go into `recv` or `staged`.
   void start_incoming(OpState* recv, std::shared_ptr<Staged> staged, uint64_t sender_op,
                       uint64_t length);
   void finish_staged(const Incoming& in);
+  // Answers an eager message or a refused announcement. A message taken without error is
+  // acknowledged with others (up to kAckIds in one ACK): after the receive completions being
+  // handled, or before any other message this side sends, whichever comes first.
   void ack(uint64_t sender_op, const Status& status);
+  void queue_acks_locked(Lane& lane);
+  void send_acks();
   void protocol_error(const std::string& what);
   void post_imm_locked(Lane& lane, int index, OpState* op);
   // Completions handled.
   int poll_send();
-  int poll_recv();
+  int poll_recv(int budget = std::numeric_limits<int>::max());
   // Both queues: what Future::test and a waiter for a message poll.
   int poll_both();
   // Polls `cq` until a poll comes back short of a full batch or `budget` completions were
@@ -193,8 +200,9 @@ class VerbsChannel final : public Channel,
   std::chrono::nanoseconds busy_poll_{0};
   bool zero_copy_receives_ = false;
   std::atomic<bool> polling_{false};
-  std::atomic<int> spinners_{0};         // callers polling the send queue
-  std::atomic<int64_t> outstanding_{0};  // signaled work requests not yet completed
+  std::atomic<bool> acks_waiting_{false};  // lane 0 holds ACKs not yet queued
+  std::atomic<int> spinners_{0};           // callers polling the send queue
+  std::atomic<int64_t> outstanding_{0};    // signaled work requests not yet completed
 
   std::mutex msg_mu_;                                // incoming_, awaiting_cts_
   std::unordered_map<uint64_t, Incoming> incoming_;  // by token

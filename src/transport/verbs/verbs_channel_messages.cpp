@@ -17,6 +17,8 @@ void VerbsChannel::send_message(OutMsg msg) {
   Lane& lane = *lanes_[0];
   std::lock_guard lock(lane.mu);
   if (lane.dead) return;  // closing: the close path fails what waits on it
+  // ACKs due go first: whatever this side sends after taking a message follows its ACK.
+  if (lane.acks_due_count > 0) queue_acks_locked(lane);
   lane.outbox.push_back(std::move(msg));
   pump_locked(lane, 0);
 }
@@ -43,12 +45,47 @@ void VerbsChannel::post_send_op(OpState* op) {
 }
 
 void VerbsChannel::ack(uint64_t sender_op, const Status& status) {
+  if (status.ok()) {
+    Lane& lane = *lanes_[0];
+    std::lock_guard lock(lane.mu);
+    if (lane.dead) return;
+    lane.acks_due[lane.acks_due_count++] = sender_op;
+    if (lane.acks_due_count < kAckIds) {
+      acks_waiting_.store(true, std::memory_order_relaxed);
+      return;
+    }
+    queue_acks_locked(lane);
+    pump_locked(lane, 0);
+    return;
+  }
   OutMsg msg;
   msg.header.type = MsgType::kAck;
   msg.header.id = sender_op;
   msg.header.status = static_cast<uint16_t>(status.code());
   if (!status.ok()) msg.text = status.message();
   send_message(std::move(msg));
+}
+
+void VerbsChannel::queue_acks_locked(Lane& lane) {
+  OutMsg msg;
+  msg.header.type = MsgType::kAck;
+  const auto& ids = lane.acks_due;
+  msg.header.id = ids[0];
+  std::size_t n = lane.acks_due_count;
+  msg.header.a = n > 1 ? ids[1] : 0;
+  msg.header.b = n > 2 ? ids[2] : 0;
+  msg.header.c = n > 3 ? ids[3] : 0;
+  lane.outbox.push_back(std::move(msg));
+  lane.acks_due_count = 0;
+  acks_waiting_.store(false, std::memory_order_relaxed);
+}
+
+void VerbsChannel::send_acks() {
+  Lane& lane = *lanes_[0];
+  std::lock_guard lock(lane.mu);
+  if (lane.dead || lane.acks_due_count == 0) return;
+  queue_acks_locked(lane);
+  pump_locked(lane, 0);
 }
 
 void VerbsChannel::protocol_error(const std::string& what) {
@@ -238,23 +275,40 @@ void VerbsChannel::finish_staged(const Incoming& in) {
 }
 
 void VerbsChannel::on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
+  // An error names one message; `ok` names up to kAckIds (id, then a, b, c up to the first 0).
+  const std::array<uint64_t, kAckIds> ids{h.id, h.a, h.b, h.c};
+  auto code = static_cast<ErrorCode>(h.status);
+  std::size_t n = 1;
+  if (code == ErrorCode::kOk) {
+    while (n < kAckIds && ids[n] != 0) ++n;
+  }
+  for (std::size_t i = n; i < kAckIds; ++i) {
+    if (ids[i] != 0) return protocol_error("ACK with a malformed list of messages");
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!take_ack(ids[i], code, payload, length)) return;
+  }
+}
+
+bool VerbsChannel::take_ack(uint64_t id, ErrorCode code, const uint8_t* text, uint32_t length) {
   {
     std::lock_guard lock(msg_mu_);
-    awaiting_cts_.erase(h.id);  // refused before it was fetched
+    awaiting_cts_.erase(id);  // refused before it was fetched
   }
-  OpState* op = link_->pool->lookup(h.id);
+  OpState* op = link_->pool->lookup(id);
   // One ACK per message: a second one would complete an op that may still be posting.
   if (op == nullptr || op->kind != OpKind::kSend || !op->ack_due.exchange(false)) {
-    return protocol_error("ACK for no message sent");
+    protocol_error("ACK for no message sent");
+    return false;
   }
-  auto code = static_cast<ErrorCode>(h.status);
   if (code != ErrorCode::kOk) {
-    op->record_error({code, std::string(reinterpret_cast<const char*>(payload), length)});
+    op->record_error({code, std::string(reinterpret_cast<const char*>(text), length)});
   }
   if (code == ErrorCode::kOk || code == ErrorCode::kTruncated) {
     link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
   }
   if (op->finish_slices(1)) op->finish_posted();
+  return true;
 }
 
 }  // namespace ferry::transport::verbs

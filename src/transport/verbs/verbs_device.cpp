@@ -10,9 +10,11 @@ namespace {
 uint32_t slot_of(uint32_t region_id) { return region_id & (RegionTable::kMaxRegions - 1); }
 // Receives kept posted on the shared receive queue: the messages and WRITE_WITH_IMM
 // notifications of all peers that can be in flight before the progress threads repost
-// (rnr_retry covers a burst beyond it); capped by the device. 1024 slots of 8 KiB hold 8 MiB:
-// four times a sender's full send queue (256) of eager messages or chunks.
-constexpr int kSrqDepth = 1024;
+// (rnr_retry covers a burst beyond it); capped by the device. 256 slots of 64 KiB hold 16 MiB
+// per device, pinned: one sender's full send queue (256) of eager messages or chunks. (1024
+// slots of 64 KiB took 64 MiB per engine, four engines in one guest process a quarter of its
+// memory.)
+constexpr int kSrqDepth = 256;
 }  // namespace
 
 std::unique_ptr<VerbsDevice> VerbsDevice::open(const VerbsOptions& options, std::string& why) {

@@ -36,9 +36,12 @@ class VerbsDevice final : public Transport {
   // The remote key of a registered region; 0 if unknown.
   uint32_t rkey(uint32_t region_id) const;
 
-  // Size of one receive buffer: a message header and up to 8 KiB - 48 of payload. Larger
-  // messages go by rendezvous, so this only bounds what one eager SEND or CHUNK carries.
-  static constexpr uint32_t kRecvSlotBytes = 8192;
+  // Size of one receive buffer: a message header and up to 64 KiB + 16 of payload. Larger
+  // messages go by rendezvous, so this bounds what one eager SEND or CHUNK carries. 64 KiB
+  // messages go eager because a rendezvous costs RTS, CTS and FIN, each a packet plus its RC
+  // ACK: 64 KiB sends ran at 0.73-0.80x ib_send_bw that way (17 packets against 23), eager at
+  // the figures in docs/performance.md. The copy out of the slot costs less than those packets.
+  static constexpr uint32_t kRecvSlotBytes = 65536 + 64;
   // The shared receive queue every queue pair of the device takes its receives from: messages
   // (SEND) and WRITE_WITH_IMM notifications of every peer. Each receive owns one slot of a
   // registered buffer; whoever handles its completion posts it again.
