@@ -102,10 +102,13 @@ test-package: test-release
 # The Python package as a user gets it: pip install . into a virtual environment (the build
 # directory build/python-* is kept between runs), then its pytest suite and every example.
 VENV ?= build/venv
+# Debian's interpreter, whose site packages hold the suite's torch (scripts/install-deps.sh);
+# the venv sees them, and pip adds only what they lack.
+SYSTEM_PYTHON ?= /usr/bin/python3
 test-python: deps-test
-	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q ".[test]"
-	cd python/tests && ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+	cd python/tests && FERRY_REQUIRE_TORCH=1 ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python

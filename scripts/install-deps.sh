@@ -19,6 +19,9 @@ test=(libgtest-dev libgmock-dev
       binutils)                                            # readelf/nm for the package test
 bench=(iperf3 ucx-utils)
 python=(python3 python3-dev python3-venv python3-pip)
+# The Python suite's tensors: Debian's CPU build of torch (with its numpy and gloo for
+# torch.distributed). PyPI's Linux wheels bring the CUDA libraries, gigabytes more.
+torch=(python3-torch)
 
 packages=()
 for purpose in "${@:-build}"; do
@@ -27,7 +30,7 @@ for purpose in "${@:-build}"; do
     tools) packages+=("${build[@]}" "${tools[@]}") ;;
     guest) packages+=("${guest[@]}") ;;
     python) packages+=("${build[@]}" "${python[@]}") ;;
-    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}" "${python[@]}") ;;
+    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}" "${python[@]}" "${torch[@]}") ;;
     bench) packages+=("${build[@]}" "${tools[@]}" "${bench[@]}") ;;
     *) echo "install-deps: unknown purpose '$purpose' (build, tools, test, bench, guest, python)" >&2
        exit 2 ;;

@@ -44,5 +44,11 @@ if __name__ == "__main__":
     if "RANK" in os.environ:
         rank_main()
     else:
-        sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run",
-                                  "--nproc-per-node", "2", "--master-port", "29517", __file__]))
+        # The two ranks with the environment torchrun gives them (env:// rendezvous). Started
+        # here rather than through torch.distributed.run, whose 1.13 (Debian's) fails on
+        # Python 3.11 before starting any worker.
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+        ranks = [subprocess.Popen([sys.executable, __file__],
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+                 for r in range(2)]
+        sys.exit(max(rank.wait(timeout=240) for rank in ranks))

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
 
 import ferry
+
+# `make test` installs torch and sets FERRY_REQUIRE_TORCH: there a missing torch fails the run
+# instead of skipping the tensor tests and examples.
+if os.environ.get("FERRY_REQUIRE_TORCH"):
+    import torch  # noqa: F401
 
 WAIT = 20.0  # seconds: generous, sanitizer and loaded machines are slow; no test depends on it
 

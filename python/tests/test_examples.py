@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -17,6 +18,8 @@ def test_example_runs(name):
                           timeout=300, cwd=EXAMPLES)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip(), "an example says what it did"
+    if os.environ.get("FERRY_REQUIRE_TORCH"):
+        assert "skipped" not in done.stdout, done.stdout
 
 
 def test_examples_and_package_type_check():
