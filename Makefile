@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: bench-python all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: bench-python test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-loaded test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-fuzz
-	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, fuzz)"
-	@echo "suites: 10 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-python-asan test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, python under asan+ubsan, fuzz)"
+	@echo "suites: 11 passed, 0 failed"
 
 # The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
 # depend on timing (run this before resolving anything that touches threads or timeouts).
@@ -109,6 +109,10 @@ test-python: deps-test
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q ".[test]"
 	cd python/tests && FERRY_REQUIRE_TORCH=1 ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+
+# The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
+test-python-asan: deps-test
+	bash scripts/test-python-asan.sh
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python
