@@ -109,6 +109,13 @@ test-python: deps-test
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q ".[test]"
 	cd python/tests && FERRY_REQUIRE_TORCH=1 ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+	# `pip wheel .` (the compile is cached in the same build folder), installed alone into a
+	# venv of its own, runs an example.
+	rm -rf build/wheels build/venv-wheel
+	$(VENV)/bin/python -m pip wheel -q --no-deps -w build/wheels .
+	$(SYSTEM_PYTHON) -m venv --system-site-packages build/venv-wheel
+	build/venv-wheel/bin/python -m pip install -q --no-deps build/wheels/ferry-*.whl
+	cd build && venv-wheel/bin/python ../examples/python/p2p_write.py
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test
