@@ -105,12 +105,12 @@ VENV ?= build/venv
 # Debian's interpreter, whose site packages hold the suite's torch (scripts/install-deps.sh);
 # the venv sees them, and pip adds only what they lack.
 SYSTEM_PYTHON ?= /usr/bin/python3
+# The pytest suite (torch included), then `pip wheel .` (the compile cached in the same build
+# folder) installed alone into a venv of its own, running an example.
 test-python: deps-test
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q ".[test]"
 	cd python/tests && FERRY_REQUIRE_TORCH=1 ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
-	# `pip wheel .` (the compile is cached in the same build folder), installed alone into a
-	# venv of its own, runs an example.
 	rm -rf build/wheels build/venv-wheel
 	$(VENV)/bin/python -m pip wheel -q --no-deps -w build/wheels .
 	$(SYSTEM_PYTHON) -m venv --system-site-packages build/venv-wheel
