@@ -8,32 +8,6 @@
 namespace ferry::test {
 namespace {
 
-TEST(Lifecycle, ShutdownCancelsInFlightOperations) {
-  auto p = std::make_unique<Pair>();
-  std::vector<uint8_t> a(32 << 20), b(32 << 20);
-  Region la = p->initiator.register_memory(a.data(), a.size(), Access::kLocal);
-  Region rb = p->target.register_memory(b.data(), b.size(), Access::kRemoteWrite);
-  Descriptor d = rb.descriptor();
-  std::vector<Future> futures;
-  Transfer t{&la, 0, &d, 0, a.size()};
-  for (int i = 0; i < 16; ++i) futures.push_back(p->peer.write({&t, 1}));
-  Future pending_recv = p->peer.recv(1, la, 0, 16);
-  p->initiator.shutdown();
-  for (auto& f : futures) {
-    Status s = f.wait(kWait);
-    EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled) << s.to_string();
-  }
-  EXPECT_EQ(pending_recv.wait(kWait).code(), ErrorCode::kCancelled);
-  EXPECT_EQ(p->peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost)
-      << "no work after shutdown";
-  EXPECT_THROW(p->initiator.connect(p->target.address()), Error);
-  // The target notices the initiator left.
-  auto deadline = Clock::now() + kWait;
-  while (p->target_peer.connected() && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_FALSE(p->target_peer.connected());
-}
-
 TEST(Lifecycle, AnEngineThatDoesNotListenOpensNoPortAndServesItsPeersBothWays) {
   Config quiet = test_config();
   quiet.listen = false;

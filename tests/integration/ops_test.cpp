@@ -92,14 +92,6 @@ TEST(Concurrency, ManyThreadsBothDirectionsOnePeer) {
   }
 }
 
-TEST(WriteWithImm, NotificationComesAfterEveryByteLanded) {
-  Config c = test_config();
-  c.tcp_streams = 4;
-  c.slice_bytes = 64 << 10;  // many slices over all four streams
-  Pair p(c, c);
-  expect_imm_after_every_byte(p, 8 << 20, 0xabc0);
-}
-
 TEST(WriteWithImm, CallbackDeliversAndRefusedWritesNotifyNothing) {
   Pair p;
   Buffer local(p.initiator, 1 << 20, Access::kLocal, 9);
@@ -147,14 +139,6 @@ TEST(WriteWithImm, APeerWhoseNotificationsAreNotTakenIsClosed) {
     EXPECT_EQ(ev->imm, i);
   }
   EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value());
-}
-
-TEST(Prepared, PostsTheBatchAgainAndAgain) {
-  Config c = test_config();
-  c.tcp_streams = 2;
-  c.slice_bytes = 256 << 10;  // the large entry is sliced and striped
-  Pair p(c, c);
-  expect_prepared_transfers(p);
 }
 
 TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {

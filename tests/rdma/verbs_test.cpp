@@ -22,60 +22,6 @@ class Verbs : public ::testing::Test {
   Pair p;
 };
 
-TEST_F(Verbs, WriteAndReadOddSizesAndOffsets) {
-  constexpr std::size_t kCap = (6 << 20) + 64;
-  Buffer local(p.initiator, kCap, Access::kLocal, 1);
-  Buffer remote(p.target, kCap, Access::kRemoteReadWrite, 2);
-  Descriptor d = Descriptor::parse(remote.region.descriptor().to_string());
-  for (uint64_t size : {uint64_t{1}, uint64_t{63}, uint64_t{64}, uint64_t{65}, uint64_t{4097},
-                        (uint64_t{1} << 20) + 13, uint64_t{6} << 20}) {
-    SCOPED_TRACE(size);
-    uint64_t loff = size % 7, roff = size % 13;
-    fill_pattern(local.bytes.data() + loff, size, static_cast<uint32_t>(size));
-    Transfer t{&local.region, loff, &d, roff, size};
-    Status s = p.peer.write({&t, 1}).wait(kWait);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_EQ(0, std::memcmp(local.bytes.data() + loff, remote.bytes.data() + roff, size));
-    std::memset(local.bytes.data() + loff, 0, size);
-    fill_pattern(remote.bytes.data() + roff, size, static_cast<uint32_t>(size) + 1);
-    s = p.peer.read({&t, 1}).wait(kWait);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_EQ(0, std::memcmp(local.bytes.data() + loff, remote.bytes.data() + roff, size));
-  }
-}
-
-TEST_F(Verbs, ScatteredBatchBothWays) {
-  constexpr int kEntries = 2000;
-  constexpr uint64_t kEntry = 257;
-  Buffer local(p.initiator, kEntries * kEntry, Access::kLocal, 3);
-  Buffer remote(p.target, kEntries * kEntry * 2, Access::kRemoteReadWrite, 4);
-  Descriptor d = remote.region.descriptor();
-  std::vector<Transfer> batch;
-  for (int i = 0; i < kEntries; ++i) {
-    batch.push_back({&local.region, static_cast<uint64_t>(i) * kEntry, &d,
-                     static_cast<uint64_t>(kEntries - 1 - i) * kEntry * 2, kEntry});
-  }
-  ASSERT_TRUE(p.peer.write(batch).wait(kWait).ok());
-  for (int i = 0; i < kEntries; ++i) {
-    ASSERT_EQ(0, std::memcmp(local.bytes.data() + i * kEntry,
-                             remote.bytes.data() + (kEntries - 1 - i) * kEntry * 2, kEntry));
-  }
-  std::vector<uint8_t> expected = local.bytes;
-  std::fill(local.bytes.begin(), local.bytes.end(), 0);
-  ASSERT_TRUE(p.peer.read(batch).wait(kWait).ok());
-  EXPECT_EQ(expected, local.bytes);
-}
-
-TEST_F(Verbs, WriteWithImmArrivesAfterEveryByte) {
-  expect_imm_after_every_byte(p, 4 << 20, 0x5000);  // striped over both queue pairs
-}
-
-TEST_F(Verbs, UnstripedWriteWithImmCarriesTheImmediate) {
-  expect_imm_after_every_byte(p, 4096, 0x6000);  // the immediate rides on the last slice
-}
-
-TEST_F(Verbs, PreparedBatchesPostAgainAndAgain) { expect_prepared_transfers(p); }
-
 // Completions that no caller polls for: the send queue must wake the progress thread for them.
 TEST_F(Verbs, CompletionsWithoutAWaiter) {
   constexpr int kOps = 64;
@@ -375,20 +321,6 @@ TEST_F(Verbs, ARevokedRegionIsRefusedByTheNic) {
   EXPECT_EQ(s.code(), ErrorCode::kPermissionDenied) << s.to_string();
   EXPECT_TRUE(
       std::all_of(target_memory.begin(), target_memory.end(), [](uint8_t b) { return b == 0; }));
-}
-
-TEST_F(Verbs, ShutdownCancelsInFlightWork) {
-  Buffer local(p.initiator, 8 << 20, Access::kLocal, 12);
-  Buffer remote(p.target, 8 << 20, Access::kRemoteWrite, 13);
-  Descriptor d = remote.region.descriptor();
-  Transfer t{&local.region, 0, &d, 0, 8 << 20};
-  std::vector<Future> futures;
-  for (int i = 0; i < 8; ++i) futures.push_back(p.peer.write({&t, 1}));
-  p.initiator.shutdown();
-  for (auto& f : futures) {
-    Status s = f.wait(kWait);
-    EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled) << s.to_string();
-  }
 }
 
 }  // namespace
