@@ -119,7 +119,7 @@ test-python: deps-test
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test
-	bash scripts/test-python-asan.sh
+	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/test-python-asan.sh
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python
