@@ -110,7 +110,12 @@ EngineImpl::EngineImpl(const Config& cfg)
   listener_ = std::make_unique<Listener>(*this, std::move(socket));
 }
 
-EngineImpl::~EngineImpl() { shutdown(); }
+EngineImpl::~EngineImpl() {
+  shutdown();
+  // After the queue pairs the teardown thread may still be destroying: a device closes last.
+  auto transports = std::make_shared<decltype(transports_)>(std::move(transports_));
+  teardown_.post("closing the transports", [transports] { transports->clear(); });
+}
 
 void EngineImpl::start() { listener_->start(); }
 

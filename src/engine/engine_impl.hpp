@@ -54,6 +54,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // transport::Host
   transport::RegionTable& regions() override { return regions_; }
   core::Reactor& reactor() override { return *reactor_; }
+  core::Teardown& teardown() override { return teardown_; }
   void deliver_imm(transport::PeerLink& link, uint32_t imm) override;
 
   Region register_memory(void* data, std::size_t length, Access access);
@@ -125,6 +126,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   transport::verbs::VerbsDevice* verbs_ = nullptr;                 // owned by transports_
   std::string verbs_unusable_;                                     // why verbs_ is null
   std::unique_ptr<core::Reactor> reactor_;
+  // Destroyed before the transports it may still be using (the destructor hands them to it).
+  core::Teardown teardown_;
   std::unique_ptr<Listener> listener_;
   std::atomic<bool> stopping_{false};
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/reactor.hpp"
+#include "core/teardown.hpp"
 #include "ferry/error.hpp"
 #include "ferry/types.hpp"
 #include "transport/matcher.hpp"
@@ -28,6 +29,8 @@ class Host {
  public:
   virtual RegionTable& regions() = 0;
   virtual core::Reactor& reactor() = 0;
+  // Where calls that can block in the kernel go (destroying a closed peer's queue pairs).
+  virtual core::Teardown& teardown() = 0;
   // A write_with_imm that came over `link` is fully visible in our memory.
   virtual void deliver_imm(PeerLink& link, uint32_t imm) = 0;
 

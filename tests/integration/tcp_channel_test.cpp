@@ -26,8 +26,10 @@ using transport::tcp::TcpChannel;
 struct TestHost final : transport::Host {
   transport::RegionTable table;
   core::Reactor loops{1, std::chrono::nanoseconds(0)};
+  core::Teardown steps;
   transport::RegionTable& regions() override { return table; }
   core::Reactor& reactor() override { return loops; }
+  core::Teardown& teardown() override { return steps; }
   void deliver_imm(transport::PeerLink&, uint32_t) override {}
 };
 

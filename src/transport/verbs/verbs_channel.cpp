@@ -34,11 +34,16 @@ constexpr int kPollBatch = 32;
 constexpr int kReceivesPerEvent = 256;
 // A message header plus the longest error text an ACK carries.
 constexpr uint32_t kHeaderSlot = 256;
-enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrMsg = 3 };
+// How long a closing channel waits for its queue pairs' flush (stop_queue_pairs), on the thread
+// that closes it: Soft-RoCE flushes from a tasklet within microseconds, hardware as fast; this
+// bounds what one lost peer can cost the others served by the same thread.
+constexpr std::chrono::milliseconds kDrainWait{50};
+enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrMsg = 3, kWrDrain = 4 };
 uint64_t wr_id(WrKind kind, int lane) {
   return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(lane) << 48);
 }
 int lane_of(uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
+WrKind kind_of(uint64_t id) { return static_cast<WrKind>(id >> 56); }
 
 std::string modify_error(const char* step, int rc) {
   return std::string("ibv_modify_qp ") + step + ": " + std::strerror(rc);
@@ -184,13 +189,7 @@ Status VerbsChannel::init(int qps) {
 
 VerbsChannel::~VerbsChannel() {
   link_->pool->clear_progress(this);
-  destroy_queue_pairs();
-  // ibv_destroy_cq waits until every completion event was acknowledged.
-  if (registered_) ack_events();
-  if (headers_mr_ != nullptr) api_.dereg_mr(headers_mr_);
-  if (send_cq_ != nullptr) api_.destroy_cq(send_cq_);
-  if (recv_cq_ != nullptr) api_.destroy_cq(recv_cq_);
-  if (comp_ != nullptr) api_.destroy_comp_channel(comp_);
+  take_resources().destroy();  // nothing left if the channel was closed after connecting
 }
 
 VerbsAddress VerbsChannel::local_address() const {
@@ -755,7 +754,8 @@ void VerbsChannel::close(const Status& reason) {
     close_reason_ = reason;
   }
   if (!registered_) {
-    destroy_queue_pairs();
+    // Never connected: no request reached the wire, nothing to wait for.
+    take_resources().destroy();
     quiesced_.store(true);
     if (on_closed_) on_closed_(reason);
     return;
@@ -764,7 +764,24 @@ void VerbsChannel::close(const Status& reason) {
   host_.reactor().post(loop_, [self] { self->quiesce(); });
 }
 
-void VerbsChannel::destroy_queue_pairs() {
+void VerbsChannel::Resources::destroy() {
+  for (ibv_qp* qp : qps) api->destroy_qp(qp);
+  // ibv_destroy_cq waits until every completion event was acknowledged.
+  if (events_armed) {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    while (api->get_cq_event(comp, &cq, &ctx) == 0) api->ack_cq_events(cq, 1);
+  }
+  if (headers_mr != nullptr) api->dereg_mr(headers_mr);
+  if (send_cq != nullptr) api->destroy_cq(send_cq);
+  if (recv_cq != nullptr) api->destroy_cq(recv_cq);
+  if (comp != nullptr) api->destroy_comp_channel(comp);
+  *this = Resources{};
+}
+
+VerbsChannel::Resources VerbsChannel::take_resources() {
+  Resources r;
+  r.api = &api_;
   for (auto& lane : lanes_) {
     std::lock_guard lock(lane->mu);
     lane->dead = true;
@@ -772,31 +789,72 @@ void VerbsChannel::destroy_queue_pairs() {
     lane->imm_pending.clear();
     lane->outbox.clear();
     lane->signaled.clear();
-    if (lane->qp != nullptr) api_.destroy_qp(lane->qp);
+    if (lane->qp != nullptr) r.qps.push_back(lane->qp);
     lane->qp = nullptr;
   }
   outstanding_.store(0);
+  r.comp = std::exchange(comp_, nullptr);
+  r.events_armed = registered_ && r.comp != nullptr;
+  r.send_cq = std::exchange(send_cq_, nullptr);
+  r.recv_cq = std::exchange(recv_cq_, nullptr);
+  r.headers_mr = std::exchange(headers_mr_, nullptr);
+  r.headers = std::move(headers_);
+  return r;
+}
+
+void VerbsChannel::stop_queue_pairs() {
+  int markers = 0;
+  for (std::size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = *lanes_[i];
+    std::lock_guard lock(lane.mu);
+    lane.dead = true;
+    if (lane.qp == nullptr) continue;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (api_.modify_qp(lane.qp, &a, IBV_QP_STATE) != 0) continue;  // then destroy_qp is the barrier
+    // The slot kept free for draining (sq_free starts one short of the depth).
+    ibv_send_wr marker{};
+    marker.wr_id = wr_id(kWrDrain, static_cast<int>(i));
+    marker.opcode = IBV_WR_SEND;
+    marker.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(lane.qp, &marker, &bad) == 0) ++markers;
+  }
+  // Every request before a marker flushes first: the device processes a queue in order.
+  auto until = std::chrono::steady_clock::now() + kDrainWait;
+  ibv_wc wcs[kPollBatch];
+  while (markers > 0 && std::chrono::steady_clock::now() < until) {
+    int n = ibv_poll_cq(send_cq_, kPollBatch, wcs);
+    for (int i = 0; i < n; ++i) {
+      if (kind_of(wcs[i].wr_id) == kWrDrain) --markers;
+    }
+  }
 }
 
 void VerbsChannel::quiesce() {
-  // No caller may be handling completions while the queue pairs go (a callback that shuts the
+  // No caller may be handling completions while the queue pairs stop (a callback that shuts the
   // engine down from inside a poll already holds the right).
   bool held_here = polling_on_this_thread();
   if (!held_here) lock_polling();
   bool already = quiesced_.exchange(true);
   if (!already) {
-    destroy_queue_pairs();
+    stop_queue_pairs();
     drain_receives();
   }
   if (!held_here) unlock_polling();
   if (already) return;
-  host_.reactor().remove(loop_, comp_->fd);
+  if (registered_) host_.reactor().remove(loop_, comp_->fd);
   Status reason;
   {
     std::lock_guard lock(close_mu_);
     reason = close_reason_;
   }
+  // The queue pairs are stopped: the operations may fail now, before they are destroyed.
   if (on_closed_) on_closed_(reason);
+  auto resources = std::make_shared<Resources>(take_resources());
+  std::string what = "ibv_destroy_qp of queue pair";
+  for (ibv_qp* qp : resources->qps) what += " " + std::to_string(qp->qp_num);
+  host_.teardown().post(std::move(what), [resources] { resources->destroy(); });
   host_.reactor().retire(loop_, std::move(keep_alive_));
 }
 

@@ -172,8 +172,27 @@ class VerbsChannel final : public Channel,
   void handle_send_completion(const ibv_wc& wc);
   void handle_recv_completion(const ibv_wc& wc);
   void fail_post(Lane& lane, int index, int err);
-  void destroy_queue_pairs();
-  // On the loop thread: destroys the queue pairs, then reports the channel closed.
+  // What the device holds for this channel. Destroying it can block in the kernel until the wire
+  // gave back the queue pairs' packets, so a closed channel hands it to Host::teardown().
+  struct Resources {
+    const VerbsApi* api = nullptr;
+    std::vector<ibv_qp*> qps;
+    ibv_comp_channel* comp = nullptr;
+    bool events_armed = false;  // the completion channel may hold unacknowledged events
+    ibv_cq* send_cq = nullptr;
+    ibv_cq* recv_cq = nullptr;
+    ibv_mr* headers_mr = nullptr;
+    std::unique_ptr<uint8_t[]> headers;
+    void destroy();
+  };
+  // Marks every lane dead and moves the device's objects out of the channel.
+  Resources take_resources();
+  // Moves every queue pair to the error state, then waits (up to kDrainWait) for the flush of a
+  // marker request posted behind all others: once it completes, the device is done with every
+  // request of ours, so their memory is the caller's again (docs/architecture.md).
+  void stop_queue_pairs();
+  // Where the channel closes (its loop thread, or shutdown's once the reactor stopped): stops
+  // the queue pairs, reports the channel closed, and hands what is left to the teardown thread.
   void quiesce();
   // Handles what is left in our receive queue (a delivered FIN must not be lost), returning
   // each slot to the shared receive queue.
