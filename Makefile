@@ -1,7 +1,7 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
 .PHONY: bench-python test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
-        test-package test-loaded test-rdma test-rdma-sanitized bench-rdma check-layers bench-compare format tidy clean
+        test-package test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-python-asan test-fuzz
-	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, python under asan+ubsan, fuzz)"
-	@echo "suites: 11 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
+	@echo "suites: 12 passed, 0 failed"
 
 # The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
 # depend on timing (run this before resolving anything that touches threads or timeouts).
@@ -86,6 +86,18 @@ test-rdma-sanitized: deps-test
 	  --bin build/rdma-guest/sanitized/ferry_integration_tests_asan \
 	  --bin build/rdma-guest/sanitized/ferry_verbs_tests_tsan \
 	  --bin build/rdma-guest/sanitized/ferry_integration_tests_tsan
+
+# Two guests joined by an emulated wire (lossless, then lossy): faults injected while a probe's
+# operations are in flight, with a healthy peer beside; ferry bench across the wire beside
+# perftest (WIRE_ROUNDS rounds; make bench-rdma-wire runs three). tests/rdma/README.md.
+WIRE_ROUNDS ?= 1
+test-rdma-wire: deps-test
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cli ferry_test_target ferry_wire_probe
+	python3 tests/rdma/two-guest.py --rounds $(WIRE_ROUNDS) --bin build/release/tools/ferry \
+	  --bin build/release/tests/ferry_test_target --bin build/release/tests/ferry_wire_probe
+bench-rdma-wire:
+	$(MAKE) test-rdma-wire WIRE_ROUNDS=3
 
 # Ferry over verbs against perftest, in one guest run; prints ratios.
 bench-rdma: deps-guest

@@ -229,7 +229,8 @@ else
   }
   # crc32_generic first: rxe asks the crypto API for "crc32", which would need modprobe.
   add_module crc32_generic optional
-  for m in dummy rdma_rxe ib_uverbs rdma_ucm; do add_module "$m"; done
+  # virtio_pci + virtio_net: the NIC of each guest two-guest.py joins by a wire.
+  for m in dummy virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm; do add_module "$m"; done
   printf '%s\n' "${order[@]}" > "$root/usr/lib/rdma-guest/modules.order"
   log "modules: ${order[*]}"
 

@@ -5,7 +5,9 @@ A metric measured in several runs (names ending _r1, _r2, ...) counts as its bes
 latency, highest bandwidth): a busy host only ever adds time, so the best run of each side is
 the least disturbed one. The ratio of the medians is printed beside it, and the median of the
 per-run ratios (run N of each side ran next to each other, so a slow spell of the host hits
-both; one lucky run of either side does not move it)."""
+both; one lucky run of either side does not move it).
+
+usage: ratios.py LOG [--present]   (--present: only the rows both sides were measured for)"""
 import re
 import statistics
 import sys
@@ -44,8 +46,11 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
 print("%-36s %12s %12s %7s %9s %8s" % ("ferry over verbs vs perftest", "ferry", "perftest",
                                         "ratio", "(median)", "(pairs)"))
 missing = False
+present_only = "--present" in sys.argv[2:]
 for name, ours_key, theirs_key, factor in rows:
     ours, theirs = metrics.get(ours_key), metrics.get(theirs_key)
+    if present_only and (ours is None or theirs is None):
+        continue
     if ours is None or theirs is None or theirs == 0:
         print("%-36s %12s %12s %7s" % (name, ours, theirs, "n/a"))
         missing = True

@@ -69,36 +69,17 @@ done < "$tests_file"
 [ ${#names[@]} -gt 0 ] || die "$tests_file lists no tests"
 
 start=$(date +%s.%N)
-mapfile -t built < <(bash "$here/build-guest.sh" --out "$out") || true
-[ ${#built[@]} -eq 2 ] && [ -s "${built[0]}" ] && [ -s "${built[1]}" ] \
-  || die "build-guest.sh failed (see its messages above)"
+mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-vmlinuz="${built[0]}" base="${built[1]}"
-
-# --- per-run overlay: tests file, run settings, project binaries with their closure ---
 work="$(mktemp -d "$out/.run.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-ov="$work/overlay"
-mkdir -p "$ov/etc/rdma-guest" "$ov/opt/ferry/bin"
-cp "$tests_file" "$ov/etc/rdma-guest/tests"
-printf 'TEST_TIMEOUT=%s\nSHOW_LOGS=%s\n' "$test_timeout" "$show_logs" > "$ov/etc/rdma-guest/run.env"
-
-GUEST_ROOT="$ov"
-# shellcheck source=tests/rdma/guest-copy.sh
-. "$here/guest-copy.sh"
-for b in "${bins[@]}"; do
-  [ -f "$b" ] && [ -x "$b" ] || die "--bin '$b' is not an executable file"
-  copy_elf "$b"
-  ln -sfn "$(realpath "$(dirname "$b")")/$(basename "$b")" "$ov/opt/ferry/bin/$(basename "$b")"
-done
-for f in "${files[@]}"; do
-  [ -f "$f" ] || die "--file '$f' is not a file"
-  copy_path "$f"
-done
-(cd "$ov" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) > "$work/overlay.cpio" \
-  || die "cpio failed while packing the per-run overlay"
-# Concatenated newc archives are unpacked in order by the kernel.
-cat "$base" "$work/overlay.cpio" > "$work/initrd.img"
+pack=(--initrd "$work/initrd.img" --out "$out" --tests "$tests_file"
+      --env "$(printf 'TEST_TIMEOUT=%s\nSHOW_LOGS=%s' "$test_timeout" "$show_logs")")
+for b in "${bins[@]}"; do pack+=(--bin "$b"); done
+for f in "${files[@]}"; do pack+=(--file "$f"); done
+mapfile -t packed < <(bash "$here/pack-guest.sh" "${pack[@]}") || true
+[ ${#packed[@]} -eq 2 ] && [ -s "${packed[1]}" ] || die "pack-guest.sh failed (see its messages above)"
+vmlinuz="${packed[0]}"
 
 # --- boot --------------------------------------------------------------------------
 qemu="$(command -v qemu-system-x86_64)" || die "qemu-system-x86_64 not found (package qemu-system-x86)"

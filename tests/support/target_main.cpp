@@ -1,5 +1,6 @@
 // A target process for multi-process tests: registers a patterned region, prints its address
 // and descriptor, and serves until its standard input closes.
+// usage: ferry_test_target [SIZE [LISTEN_HOST]]   (defaults: 1 MiB, 127.0.0.1)
 #include <unistd.h>
 
 #include <iostream>
@@ -11,7 +12,7 @@
 int main(int argc, char** argv) {
   std::size_t size = argc > 1 ? std::stoull(argv[1]) : (1 << 20);
   ferry::Config c;
-  c.listen_host = "127.0.0.1";
+  c.listen_host = argc > 2 ? argv[2] : "127.0.0.1";
   ferry::Engine engine(c);
   std::vector<uint8_t> mem(size);
   for (std::size_t i = 0; i < size; ++i) mem[i] = static_cast<uint8_t>(i * 31 + 7);
