@@ -155,7 +155,7 @@ def netdevs(wire, work):
 class Run:
     def __init__(self, args, vmlinuz, initrd, work):
         self.args, self.vmlinuz, self.initrd, self.work = args, vmlinuz, initrd, work
-        self.failures, self.faults, self.metrics = [], [], []
+        self.failures, self.faults = [], []
 
     def boot(self, wire):
         net_a, net_b = netdevs(wire, self.work)
@@ -208,12 +208,10 @@ class Run:
             b.monitor("stop")
         elif kind == "power_off":
             b.proc.kill()  # the guest's power cut: qemu gone, its end of the wire with it
-        injected = time.monotonic()
         # Wait for PROBE DONE, not for the probe to exit: its exit may wait in the kernel for
         # the frozen wire to drain.
         rc, out = a.command("until", "probe_" + kind, FREEZE_LIMIT_S, "^PROBE DONE",
                             timeout=FREEZE_LIMIT_S)
-        waited = time.monotonic() - injected
         if kind == "link_down":
             b.monitor("set_link wire on")
         elif kind == "freeze":
@@ -223,7 +221,7 @@ class Run:
         metrics = dict((m.group(1), float(m.group(2)))
                        for m in re.finditer(r"^METRIC (\S+) (-?[0-9.e+]+)", text, re.M))
         error = re.search(r"^NOTE faulty peer error: (.*)$", text, re.M)
-        self.faults.append((wire, kind, metrics, error.group(1) if error else "?", waited))
+        self.faults.append((wire, kind, metrics, error.group(1) if error else "?"))
         if rc != 0:
             self.failures.append("%s: probe rc=%d (see %s)" % (name, rc, a.log.name))
         if kind != "power_off":
@@ -336,7 +334,7 @@ def main():
         print("  %-5s %-10s %8s %9s %8s %7s %9s %8s  %s" % (
             "wire", "fault", "fail ms", "stall ms", "healthy", "errors", "shutdown", "destroy",
             "error"))
-        for wire, kind, m, error, _ in run.faults:
+        for wire, kind, m, error in run.faults:
             print("  %-5s %-10s %8.0f %9.0f %8.0f %7.0f %9.0f %8.0f  %s" % (
                 wire, kind, m.get("fail_ms", -1), m.get("healthy_worst_stall_ms", -1),
                 m.get("healthy_ops", -1), m.get("healthy_errors", -1), m.get("shutdown_ms", -1),
