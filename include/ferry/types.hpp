@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "ferry/export.hpp"
 
@@ -33,5 +35,13 @@ enum class TransportKind : uint8_t {
 };
 
 FERRY_API std::string_view to_string(TransportKind kind) noexcept;
+
+// What Engine::transports() reports of one transport on this host.
+struct TransportInfo {
+  TransportKind kind{};
+  bool usable = false;
+  std::string detail{};                // why not, or what it found
+  std::vector<std::string> devices{};  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
+};
 
 }  // namespace ferry

@@ -21,7 +21,7 @@ enum class FrameType : uint8_t {
   kPing = 8,
   kPong = 9,
   kBye = 10,
-  kVerbsAddress = 11,  // queue-pair addressing, when the peers chose the verbs transport
+  kChannelAddresses = 11,  // each channel's transport address, during the handshake
   // Data streams.
   kWrite = 16,     // payload: bytes for region_id/key at offset
   kWriteAck = 17,  // status; payload: error text when status != ok

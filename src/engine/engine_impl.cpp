@@ -8,6 +8,7 @@
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
+#include "transport/registry.hpp"
 
 namespace ferry::detail {
 
@@ -57,21 +58,15 @@ void validate(const Config& c) {
     throw Error(ErrorCode::kInvalidArgument, "config: " + what);
   };
   if (c.progress_threads < 1 || c.progress_threads > 64) bad("progress_threads must be 1..64");
-  if (c.tcp_streams < 1 || c.tcp_streams > OpState::kMaxLanes) bad("tcp_streams must be 1..16");
   if (c.slice_bytes < kMinSliceBytes || c.slice_bytes > kMaxSliceBytes) {
     bad("slice_bytes must be 4 KiB..64 MiB");
   }
-  if (c.slices_in_flight_per_stream < 1) bad("slices_in_flight_per_stream must be >= 1");
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
   if (c.revoke_timeout.count() < 0) bad("revoke_timeout must be >= 0");
   if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1) {
     bad("max_peers, max_handshakes and max_handshakes_per_source must be >= 1");
   }
-  if (std::find(c.transports.begin(), c.transports.end(), TransportKind::kTcp) ==
-      c.transports.end()) {
-    throw Error(ErrorCode::kUnsupported,
-                "config: no usable transport selected (this build provides tcp)");
-  }
+  if (c.transports.empty()) bad("transports is empty");
 }
 
 uint64_t nonzero_random() {
@@ -86,18 +81,25 @@ EngineImpl::EngineImpl(const Config& cfg)
     : config((validate(cfg), cfg)),
       id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
       incarnation(nonzero_random()) {
-  transports_.push_back(std::make_unique<transport::tcp::TcpTransport>());
-  if (std::find(config.transports.begin(), config.transports.end(), TransportKind::kVerbs) !=
-      config.transports.end()) {
-    transport::verbs::VerbsOptions vo{config.rdma_device, config.rdma_gid_index, config.verbs_qps};
-    auto dev = transport::verbs::VerbsDevice::open(vo, verbs_unusable_);
-    if (dev) {
-      verbs_ = dev.get();
-      transports_.push_back(std::move(dev));
-    } else if (!config.rdma_device.empty() || config.rdma_gid_index >= 0) {
-      // Asked for by name or index: never fall back silently.
-      throw Error(ErrorCode::kUnsupported, "verbs: " + verbs_unusable_);
+  std::string unusable;  // why configured transports were left out
+  for (TransportKind kind : config.transports) {
+    if (transport_of(kind) != nullptr) continue;  // listed twice
+    const transport::TransportEntry* entry = transport::find_transport(kind);
+    if (entry == nullptr) {
+      throw Error(ErrorCode::kUnsupported, "config: transport " + std::string(to_string(kind)) +
+                                               " is not built into this version");
     }
+    std::string why;
+    if (auto t = entry->open(config, why)) {
+      transports_.push_back(std::move(t));
+    } else {
+      unusable += "; " + std::string(entry->name) + ": " + why;
+    }
+  }
+  if (transports_.empty()) {
+    throw Error(
+        ErrorCode::kUnsupported,
+        "config: none of the configured transports is usable here (" + unusable.substr(2) + ")");
   }
   reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
   core::Fd socket;
@@ -248,33 +250,71 @@ void EngineImpl::deregister(RegionRecord& record) {
         p->close(why);
         continue;
       }
-      if (p->verbs) p->verbs->cut_off(record.base, record.length, why);
-      p->channel->cut_off(record.base, record.length, why);
+      p->channels.cut_off(record.base, record.length, why);
     }
   });
   for (auto& t : transports_) t->deregister_region(record.id);
 }
 
-std::shared_ptr<transport::tcp::TcpChannel> EngineImpl::make_channel(
-    const std::shared_ptr<PeerImpl>& peer, int streams) {
-  transport::tcp::TcpOptions options;
-  options.streams = streams;
-  options.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
-  options.eager_bytes = config.tcp_eager_bytes;
-  std::weak_ptr<PeerImpl> weak = peer;
-  peer->open_channels.fetch_add(1);
-  return transport::tcp::TcpChannel::create(*this, peer->link, options, [weak](const Status& why) {
-    if (auto p = weak.lock()) p->channel_closed(why);
-  });
+transport::Transport* EngineImpl::transport_of(TransportKind kind) const {
+  for (const auto& t : transports_) {
+    if (t->kind() == kind) return t.get();
+  }
+  return nullptr;
 }
 
 std::vector<TransportKind> EngineImpl::usable_transports() const {
   std::vector<TransportKind> out;
-  for (TransportKind t : config.transports) {
-    if (t == TransportKind::kTcp || (t == TransportKind::kVerbs && verbs_ != nullptr))
-      out.push_back(t);
-  }
+  for (const auto& t : transports_) out.push_back(t->kind());
   return out;
+}
+
+Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
+                                 std::span<const TransportKind> kinds, bool dialer) {
+  std::weak_ptr<PeerImpl> weak = peer;
+  for (TransportKind kind : kinds) {
+    transport::Transport* t = transport_of(kind);
+    if (t == nullptr) {
+      return {ErrorCode::kProtocol, "peer chose transport " + std::string(to_string(kind)) +
+                                        ", which this engine did not offer"};
+    }
+    std::shared_ptr<transport::Channel> channel;
+    transport::ChannelArgs args{*this, peer->link,
+                                [weak](const Status& why) {
+                                  if (auto p = weak.lock()) p->channel_closed(why);
+                                },
+                                dialer};
+    if (Status s = t->make_channel(std::move(args), channel); !s.ok()) return s;
+    peer->open_channels.fetch_add(1);
+    peer->channels.add(std::move(channel));
+  }
+  return {};
+}
+
+std::vector<uint8_t> EngineImpl::channel_addresses(const PeerImpl& peer) {
+  engine::ChannelAddresses m;
+  for (const auto& c : peer.channels.all()) m.channels.push_back({c->kind(), c->local_address()});
+  return engine::encode(m);
+}
+
+Status EngineImpl::connect_channels(const PeerImpl& peer, std::span<const uint8_t> body) {
+  engine::ChannelAddresses m;
+  if (Status s = engine::decode(body, m); !s.ok()) return s;
+  auto ours = peer.channels.all();
+  if (m.channels.size() != ours.size()) {
+    return {ErrorCode::kProtocol, "channel addresses: " + std::to_string(m.channels.size()) +
+                                      " channels, the handshake set up " +
+                                      std::to_string(ours.size())};
+  }
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    if (m.channels[i].kind != ours[i]->kind()) {
+      return {ErrorCode::kProtocol,
+              "channel addresses: " + std::string(to_string(m.channels[i].kind)) + " where " +
+                  std::string(to_string(ours[i]->kind())) + " was agreed"};
+    }
+    if (Status s = ours[i]->connect(m.channels[i].bytes); !s.ok()) return s;
+  }
+  return {};
 }
 
 EngineStats EngineImpl::stats() const {
@@ -291,51 +331,20 @@ EngineStats EngineImpl::stats() const {
 }
 
 EngineImpl::MemoryBound EngineImpl::memory_bound(const Config& c) {
-  transport::tcp::TcpOptions options;
-  options.streams = c.tcp_streams;
-  options.slices_in_flight_per_stream = c.slices_in_flight_per_stream;
+  std::size_t channels = 0;  // a peer has at most one channel per configured transport
+  for (TransportKind kind : c.transports) {
+    if (const transport::TransportEntry* entry = transport::find_transport(kind))
+      channels += entry->worst_case_channel_bytes(c);
+  }
   MemoryBound b{};
   b.per_handshake = Listener::worst_case_handshake_bytes();
   b.per_peer_fixed = sizeof(PeerImpl) + sizeof(transport::PeerLink) + sizeof(transport::OpPool) +
-                     kControlBytes + transport::tcp::TcpChannel::worst_case_bytes(options);
+                     kControlBytes + channels;
   b.per_peer = b.per_peer_fixed + c.max_unexpected_bytes + c.max_queued_imms * kQueuedImmBytes;
   b.engine = c.max_handshakes * b.per_handshake + c.max_peers * b.per_peer_fixed +
              std::min(c.max_peers * c.max_unexpected_bytes, c.max_unexpected_bytes_total) +
              std::min(c.max_peers * c.max_queued_imms, c.max_queued_imms_total) * kQueuedImmBytes;
   return b;
-}
-
-Status EngineImpl::create_verbs_channel(const std::shared_ptr<PeerImpl>& peer) {
-  if (verbs_ == nullptr) return {ErrorCode::kUnsupported, "verbs chosen but no device is open"};
-  std::weak_ptr<PeerImpl> weak = peer;
-  try {
-    transport::verbs::VerbsChannel::Options options{config.verbs_qps, config.busy_poll,
-                                                    config.zero_copy_receives};
-    peer->verbs = transport::verbs::VerbsChannel::create(*this, *verbs_, peer->link, options,
-                                                         [weak](const Status& why) {
-                                                           if (auto p = weak.lock())
-                                                             p->channel_closed(why);
-                                                         });
-  } catch (const Error& e) {
-    return e.status();  // no queue pairs for this peer: it is refused, the engine goes on
-  }
-  peer->open_channels.fetch_add(1);
-  return {};
-}
-
-std::vector<uint8_t> EngineImpl::verbs_address_frame(const PeerImpl& peer) const {
-  return engine::frame(FrameType::kVerbsAddress, peer.verbs->local_address().encode());
-}
-
-Status EngineImpl::connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control,
-                                 core::Deadline deadline) {
-  if (Status s = create_verbs_channel(peer); !s.ok()) return s;
-  if (Status s = write_frame(control, verbs_address_frame(*peer), deadline); !s.ok()) return s;
-  std::vector<uint8_t> body;
-  if (Status s = expect(control, deadline, FrameType::kVerbsAddress, body); !s.ok()) return s;
-  transport::verbs::VerbsAddress remote;
-  if (Status s = transport::verbs::VerbsAddress::decode(body, remote); !s.ok()) return s;
-  return peer->verbs->connect(remote);
 }
 
 void EngineImpl::peer_closed(PeerImpl* peer) {
@@ -392,19 +401,19 @@ Status EngineImpl::check_admission(const engine::Hello& hello, bool proven) {
 }
 
 Status EngineImpl::create_peer(const engine::Hello& hello, const std::string& address,
-                               TransportKind transport, core::Fd& control,
+                               const std::vector<TransportKind>& channels, core::Fd& control,
                                std::shared_ptr<PeerImpl>& out) {
   if (stopping_.load()) return {ErrorCode::kCancelled, "engine shut down"};
   out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation}, address,
-                         transport, true, std::move(control));
-  out->channel = make_channel(out, config.tcp_streams);
-  return {};
+                         channels.front(), true, std::move(control));
+  return make_channels(out, channels, false);
 }
 
 void EngineImpl::add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
                              Clock::time_point deadline) {
   std::lock_guard lock(mu_);
-  joining_.push_back({token, Joining{std::move(peer), 0, config.tcp_streams, deadline}});
+  int expected = peer->channels.side_connections();
+  joining_.push_back({token, Joining{std::move(peer), 0, expected, deadline}});
 }
 
 std::shared_ptr<PeerImpl> EngineImpl::find_joining(const engine::Token& token) {
@@ -415,9 +424,14 @@ std::shared_ptr<PeerImpl> EngineImpl::find_joining(const engine::Token& token) {
   return nullptr;
 }
 
-void EngineImpl::attach_stream(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
-                               core::Fd stream) {
-  if (Status s = peer->channel->attach(join.stream, std::move(stream)); !s.ok()) {
+void EngineImpl::attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
+                             core::Fd fd) {
+  transport::Channel* channel = peer->channels.find(join.kind);
+  Status s = channel != nullptr
+                 ? channel->attach_side(join.index, std::move(fd))
+                 : Status(ErrorCode::kProtocol, "join: the peer has no " +
+                                                    std::string(to_string(join.kind)) + " channel");
+  if (!s.ok()) {
     peer->close(s);
     return;
   }
@@ -425,9 +439,13 @@ void EngineImpl::attach_stream(const std::shared_ptr<PeerImpl>& peer, const engi
     std::lock_guard lock(mu_);
     auto it = std::find_if(joining_.begin(), joining_.end(),
                            [&](const auto& j) { return j.first == join.token; });
-    if (it == joining_.end() || ++it->second.joined != it->second.streams) return;
+    if (it == joining_.end() || ++it->second.joined != it->second.expected) return;
     joining_.erase(it);
   }
+  publish(peer);
+}
+
+void EngineImpl::publish(const std::shared_ptr<PeerImpl>& peer) {
   // Started before anyone can see the peer: accept() may close it at once. (shutdown() waits
   // for this thread before it collects the peers, so none is missed in between.)
   peer->start_control();
@@ -470,47 +488,52 @@ Peer EngineImpl::connect(std::string_view host_port) {
   engine::HelloAck ack;
   core::throw_if_error(engine::decode(body, ack));
   const engine::Identity us{id, incarnation}, them{ack.engine_id, ack.incarnation};
+  auto fail = [&](const Status& s, const std::string& step = {}) {
+    throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
+  };
   if (!config.secret.empty()) {
-    if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, hello.nonce,
-                                                                ack.nonce, us, them))) {
-      throw Error(
-          ErrorCode::kAuthFailed,
-          "connect " + where.to_string() + ": peer did not prove knowledge of the shared secret");
+    engine::Transcript t{hello.nonce, ack.nonce, us, them, hello.transports, ack.channels};
+    if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, t))) {
+      fail({ErrorCode::kAuthFailed, "peer did not prove knowledge of the shared secret"});
     }
-    engine::Auth auth{engine::auth_mac(config.secret, false, hello.nonce, ack.nonce, us, them)};
+    engine::Auth auth{engine::auth_mac(config.secret, false, t)};
     core::throw_if_error(write_frame(fd.get(), engine::encode(auth), deadline));
     core::throw_if_error(expect(fd.get(), deadline, FrameType::kAuthOk, body));
   } else if (ack.mac) {
-    throw Error(ErrorCode::kAuthFailed,
-                "connect " + where.to_string() + ": peer requires a shared secret");
+    fail({ErrorCode::kAuthFailed, "peer requires a shared secret"});
   }
 
   int control = fd.get();
-  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), ack.transport, false,
-                               std::move(fd));
-  peer->channel = make_channel(peer, ack.streams);
-  if (ack.transport == TransportKind::kVerbs) {
-    if (Status s = connect_verbs(peer, control, deadline); !s.ok()) {
-      peer->close(s);
-      throw Error(s.code(), "connect " + where.to_string() + ": " + s.message());
-    }
+  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), ack.channels.front(),
+                               false, std::move(fd));
+  // Our addresses first, then the listener's: its own decide what both share (TCP streams).
+  Status s = make_channels(peer, ack.channels, true);
+  if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);
+  if (s.ok()) s = expect(control, deadline, FrameType::kChannelAddresses, body);
+  if (s.ok()) s = connect_channels(*peer, body);
+  if (!s.ok()) {
+    peer->close(s);
+    fail(s);
   }
-  for (int i = 0; i < ack.streams; ++i) {
-    core::Fd sfd;
-    Status s = core::connect_tcp(where, deadline, sfd);
-    if (s.ok()) {
-      core::tune_socket(sfd.get(), config.peer_timeout);
-      engine::Join join;
-      join.token = ack.token;
-      join.stream = static_cast<uint8_t>(i);
-      s = write_frame(sfd.get(), engine::encode(join), deadline);
-    }
-    if (s.ok()) s = expect(sfd.get(), deadline, FrameType::kJoinOk, body);
-    if (s.ok()) s = peer->channel->attach(i, std::move(sfd));
-    if (!s.ok()) {
-      peer->close(s);
-      throw Error(s.code(), "connect " + where.to_string() + ": stream " + std::to_string(i) +
-                                ": " + s.message());
+  for (const auto& channel : peer->channels.all()) {
+    for (int i = 0; i < channel->side_connections(); ++i) {
+      core::Fd side;
+      s = core::connect_tcp(where, deadline, side);
+      if (s.ok()) {
+        core::tune_socket(side.get(), config.peer_timeout);
+        engine::Join join;
+        join.token = ack.token;
+        join.kind = channel->kind();
+        join.index = static_cast<uint16_t>(i);
+        s = write_frame(side.get(), engine::encode(join), deadline);
+      }
+      if (s.ok()) s = expect(side.get(), deadline, FrameType::kJoinOk, body);
+      if (s.ok()) s = channel->attach_side(i, std::move(side));
+      if (!s.ok()) {
+        peer->close(s);
+        fail(s,
+             std::string(to_string(channel->kind())) + " connection " + std::to_string(i) + ": ");
+      }
     }
   }
   peer->start_control();
@@ -575,16 +598,12 @@ void EngineImpl::shutdown() {
   // Let the progress threads stop the streams, which fails what was in flight.
   auto deadline = Clock::now() + std::chrono::seconds(2);
   for (auto& p : all) {
-    while ((!p->channel->fully_closed() || (p->verbs && !p->verbs->fully_closed())) &&
-           Clock::now() < deadline) {
+    while (!p->channels.quiesced() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
   reactor_->stop();
-  for (auto& p : all) {
-    if (p->verbs) p->verbs->stop_after_reactor();
-    p->channel->stop_after_reactor();
-  }
+  for (auto& p : all) p->channels.stop_after_reactor();
   {
     std::lock_guard lock(mu_);
     peers_.clear();

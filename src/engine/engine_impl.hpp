@@ -23,10 +23,6 @@
 #include "engine/peer_impl.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
-#include "transport/tcp/tcp_channel.hpp"
-#include "transport/tcp/tcp_transport.hpp"
-#include "transport/verbs/verbs_channel.hpp"
-#include "transport/verbs/verbs_device.hpp"
 
 namespace ferry::detail {
 
@@ -67,17 +63,20 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
 
   // The peer lost its connection (already closed); forget it.
   void peer_closed(PeerImpl* peer);
-  std::shared_ptr<transport::tcp::TcpChannel> make_channel(const std::shared_ptr<PeerImpl>& peer,
-                                                           int streams);
-  // Creates the peer's verbs channel and connects it, exchanging addresses on `control`: the
-  // client's side (the Listener serves the other).
-  Status connect_verbs(const std::shared_ptr<PeerImpl>& peer, int control, core::Deadline deadline);
   // Transports this engine can use now, in preference order.
   std::vector<TransportKind> usable_transports() const;
+  // Channel set-up, both sides (docs/protocol.md, "Handshake"). Creates one channel of the
+  // peer per kind in `kinds`; an error refuses the peer.
+  Status make_channels(const std::shared_ptr<PeerImpl>& peer, std::span<const TransportKind> kinds,
+                       bool dialer);
+  // The CHANNEL_ADDRESSES frame of the peer's channels.
+  static std::vector<uint8_t> channel_addresses(const PeerImpl& peer);
+  // Connects each of the peer's channels to its address in `body` (CHANNEL_ADDRESSES).
+  static Status connect_channels(const PeerImpl& peer, std::span<const uint8_t> body);
   EngineStats stats() const;
 
-  // The most memory peers can make an engine of this configuration hold, in bytes, over TCP
-  // (docs/architecture.md, "Limits", gives the formula).
+  // The most memory peers can make an engine of this configuration hold, in bytes, with a
+  // channel on every configured transport (docs/architecture.md, "Limits", gives the formula).
   struct MemoryBound {
     std::size_t per_handshake;   // one connection still handshaking
     std::size_t per_peer_fixed;  // a peer's state and channel buffers, however it behaves
@@ -91,18 +90,18 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // peer that connected to us holds its engine id (a newer incarnation that `proven` it knows
   // the secret replaces the older one).
   Status check_admission(const engine::Hello& hello, bool proven);
-  // Admits the client and creates its peer and TCP channel; `control` moves into the peer.
+  // Admits the client and creates its peer and channels; `control` moves into the peer.
   Status create_peer(const engine::Hello& hello, const std::string& address,
-                     TransportKind transport, core::Fd& control, std::shared_ptr<PeerImpl>& out);
-  Status create_verbs_channel(const std::shared_ptr<PeerImpl>& peer);
-  std::vector<uint8_t> verbs_address_frame(const PeerImpl& peer) const;
-  // The peer waits for its data streams until `deadline`.
+                     const std::vector<TransportKind>& channels, core::Fd& control,
+                     std::shared_ptr<PeerImpl>& out);
+  // The peer waits for its channels' side connections until `deadline`.
   void add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
                    Clock::time_point deadline);
   std::shared_ptr<PeerImpl> find_joining(const engine::Token& token);
-  // A stream joined; the peer is ready (accept() returns it) once all of them did.
-  void attach_stream(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
-                     core::Fd stream);
+  // A side connection joined; the peer is published once all of them did.
+  void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join, core::Fd fd);
+  // A peer that connected to us is ready: accept() returns it.
+  void publish(const std::shared_ptr<PeerImpl>& peer);
   // Liveness: declares silent peers lost, pings idle ones, drops peers whose streams are late.
   void housekeeping();
 
@@ -121,10 +120,10 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // Peers and peers still joining (mu_ held).
   std::size_t peer_count_locked() const { return peers_.size() + joining_.size(); }
 
+  transport::Transport* transport_of(TransportKind kind) const;
+
   transport::RegionTable regions_;
-  std::vector<std::unique_ptr<transport::Transport>> transports_;  // registration keys
-  transport::verbs::VerbsDevice* verbs_ = nullptr;                 // owned by transports_
-  std::string verbs_unusable_;                                     // why verbs_ is null
+  std::vector<std::unique_ptr<transport::Transport>> transports_;  // usable, in config order
   std::unique_ptr<core::Reactor> reactor_;
   // Destroyed before the transports it may still be using (the destructor hands them to it).
   core::Teardown teardown_;
@@ -137,7 +136,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   struct Joining {
     std::shared_ptr<PeerImpl> peer;
     int joined = 0;
-    int streams = 0;
+    int expected = 0;  // side connections of its channels
     Clock::time_point deadline;
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;

@@ -3,7 +3,7 @@
 
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
-#include "transport/verbs/devices.hpp"
+#include "transport/registry.hpp"
 
 namespace ferry {
 
@@ -125,29 +125,10 @@ EngineStats Engine::stats() const { return impl_->stats(); }
 std::string_view Engine::version() { return FERRY_VERSION; }
 
 std::vector<TransportInfo> Engine::transports() {
-  TransportInfo verbs{TransportKind::kVerbs, false, {}, {}};
-  std::string why;
-  if (const auto* api = transport::verbs::VerbsApi::get(&why)) {
-    auto devices = transport::verbs::discover(*api, why);
-    for (const auto& d : devices) {
-      for (const auto& p : d.ports) verbs.devices.push_back(transport::verbs::describe(d, p));
-    }
-    verbs.usable = std::any_of(devices.begin(), devices.end(), [](const auto& d) {
-      return std::any_of(d.ports.begin(), d.ports.end(),
-                         [](const auto& p) { return transport::verbs::usable(p); });
-    });
-    verbs.detail = devices.empty() ? why
-                   : verbs.usable  ? "RC queue pairs: write, read, write_with_imm, send/recv"
-                                   : "no device has an active port with a usable gid";
-  } else {
-    verbs.detail = why;
-  }
-  return {
-      {TransportKind::kTcp, true, "built in; works on every host", {}},
-      verbs,
-      {TransportKind::kShm, false, "not built into this version yet", {}},
-      {TransportKind::kCudaIpc, false, "not built into this version yet", {}},
-  };
+  std::vector<TransportInfo> out;
+  for (const transport::TransportEntry* entry : transport::registered_transports())
+    out.push_back(entry->describe());
+  return out;
 }
 
 }  // namespace ferry

@@ -1,8 +1,10 @@
 #include "engine/handshake.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/bytes.hpp"
+#include "transport/contract.hpp"
 
 namespace ferry::engine {
 
@@ -11,11 +13,35 @@ using core::ByteWriter;
 using core::FrameType;
 
 namespace {
-// Transports a peer may offer; more is malformed.
-constexpr std::size_t kMaxOfferedTransports = 8;
 constexpr std::size_t kMaxErrorMessage = 1024;
 
-bool valid_transport(uint8_t t) { return t >= 1 && t <= 4; }
+// Kinds this build does not know are still well-formed: a newer peer may offer them.
+bool valid_transport(uint8_t t) { return t != 0; }
+
+// A list of 1..kMaxOfferedTransports distinct kinds; `what` names it in errors.
+Status read_kinds(ByteReader& r, std::vector<TransportKind>& out, const char* what) {
+  std::size_t n = r.u8();
+  if (!r.ok()) return {};
+  if (n == 0 || n > kMaxOfferedTransports) {
+    return {ErrorCode::kProtocol, std::string(what) + ": " + std::to_string(n) + " transports"};
+  }
+  for (std::size_t i = 0; i < n && r.ok(); ++i) {
+    uint8_t t = r.u8();
+    if (!r.ok()) break;
+    auto kind = static_cast<TransportKind>(t);
+    if (!valid_transport(t) || std::find(out.begin(), out.end(), kind) != out.end()) {
+      return {ErrorCode::kProtocol,
+              std::string(what) + ": transport " + std::to_string(t) + " invalid or repeated"};
+    }
+    out.push_back(kind);
+  }
+  return {};
+}
+
+void write_kinds(ByteWriter& w, const std::vector<TransportKind>& kinds) {
+  w.u8(static_cast<uint8_t>(kinds.size()));
+  for (TransportKind t : kinds) w.u8(static_cast<uint8_t>(t));
+}
 
 Status finish(const ByteReader& r, const char* what) {
   if (!r.ok()) return {ErrorCode::kProtocol, std::string(what) + ": truncated or oversized"};
@@ -50,8 +76,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.u16(m.version);
   w.u64(m.engine_id);
   w.u64(m.incarnation);
-  w.u8(static_cast<uint8_t>(m.transports.size()));
-  for (TransportKind t : m.transports) w.u8(static_cast<uint8_t>(t));
+  write_kinds(w, m.transports);
   w.bytes(m.nonce);
   w.u8(m.wants_auth ? 1 : 0);
   return frame(FrameType::kHello, b);
@@ -63,8 +88,7 @@ std::vector<uint8_t> encode(const HelloAck& m) {
   w.u16(m.version);
   w.u64(m.engine_id);
   w.u64(m.incarnation);
-  w.u8(static_cast<uint8_t>(m.transport));
-  w.u8(m.streams);
+  write_kinds(w, m.channels);
   w.bytes(m.nonce);
   w.bytes(m.token);
   w.u8(m.mac ? 1 : 0);
@@ -79,13 +103,26 @@ std::vector<uint8_t> encode(const Auth& m) {
   return frame(FrameType::kAuth, b);
 }
 
+std::vector<uint8_t> encode(const ChannelAddresses& m) {
+  std::vector<uint8_t> b;
+  ByteWriter w(b);
+  w.u8(static_cast<uint8_t>(m.channels.size()));
+  for (const ChannelAddress& c : m.channels) {
+    w.u8(static_cast<uint8_t>(c.kind));
+    w.u16(static_cast<uint16_t>(c.bytes.size()));
+    w.bytes(c.bytes);
+  }
+  return frame(FrameType::kChannelAddresses, b);
+}
+
 std::vector<uint8_t> encode(const Join& m) {
   std::vector<uint8_t> b;
   ByteWriter w(b);
   w.u32(m.magic);
   w.u16(m.version);
   w.bytes(m.token);
-  w.u8(m.stream);
+  w.u8(static_cast<uint8_t>(m.kind));
+  w.u16(m.index);
   return frame(FrameType::kJoin, b);
 }
 
@@ -110,15 +147,7 @@ Status decode(std::span<const uint8_t> body, Hello& out) {
   }
   m.engine_id = r.u64();
   m.incarnation = r.u64();
-  std::size_t n = r.u8();
-  if (n > kMaxOfferedTransports) return {ErrorCode::kProtocol, "hello: too many transports"};
-  for (std::size_t i = 0; i < n && r.ok(); ++i) {
-    uint8_t t = r.u8();
-    if (r.ok() && !valid_transport(t)) {
-      return {ErrorCode::kProtocol, "hello: unknown transport " + std::to_string(t)};
-    }
-    m.transports.push_back(static_cast<TransportKind>(t));
-  }
+  if (Status s = read_kinds(r, m.transports, "hello"); !s.ok()) return s;
   r.bytes(m.nonce.data(), m.nonce.size());
   uint8_t flags = r.u8();
   if (r.ok() && flags > 1) return {ErrorCode::kProtocol, "hello: unknown flags"};
@@ -137,13 +166,7 @@ Status decode(std::span<const uint8_t> body, HelloAck& out) {
   }
   m.engine_id = r.u64();
   m.incarnation = r.u64();
-  uint8_t t = r.u8();
-  if (r.ok() && !valid_transport(t)) return {ErrorCode::kProtocol, "hello-ack: unknown transport"};
-  m.transport = static_cast<TransportKind>(t);
-  m.streams = r.u8();
-  if (r.ok() && (m.streams < 1 || m.streams > 16)) {
-    return {ErrorCode::kProtocol, "hello-ack: " + std::to_string(m.streams) + " streams"};
-  }
+  if (Status s = read_kinds(r, m.channels, "hello-ack"); !s.ok()) return s;
   r.bytes(m.nonce.data(), m.nonce.size());
   r.bytes(m.token.data(), m.token.size());
   uint8_t has_mac = r.u8();
@@ -177,9 +200,38 @@ Status decode(std::span<const uint8_t> body, Join& out) {
     if (Status s = check_version(m.version, "join"); !s.ok()) return s;
   }
   r.bytes(m.token.data(), m.token.size());
-  m.stream = r.u8();
+  uint8_t kind = r.u8();
+  if (r.ok() && !valid_transport(kind)) return {ErrorCode::kProtocol, "join: no transport"};
+  m.kind = static_cast<TransportKind>(kind);
+  m.index = r.u16();
   if (Status s = finish(r, "join"); !s.ok()) return s;
   out = m;
+  return {};
+}
+
+Status decode(std::span<const uint8_t> body, ChannelAddresses& out) {
+  ByteReader r(body);
+  ChannelAddresses m;
+  std::size_t n = r.u8();
+  if (r.ok() && (n == 0 || n > kMaxOfferedTransports)) {
+    return {ErrorCode::kProtocol, "channel addresses: " + std::to_string(n) + " channels"};
+  }
+  for (std::size_t i = 0; i < n && r.ok(); ++i) {
+    ChannelAddress c;
+    uint8_t kind = r.u8();
+    std::size_t length = r.u16();
+    if (!r.ok()) break;
+    if (!valid_transport(kind) || length > transport::kMaxAddressBytes) {
+      return {ErrorCode::kProtocol, "channel addresses: transport " + std::to_string(kind) +
+                                        " with " + std::to_string(length) + " bytes"};
+    }
+    c.kind = static_cast<TransportKind>(kind);
+    c.bytes.resize(length);  // at most kMaxAddressBytes
+    if (!r.bytes(c.bytes.data(), length)) break;
+    m.channels.push_back(std::move(c));
+  }
+  if (Status s = finish(r, "channel addresses"); !s.ok()) return s;
+  out = std::move(m);
   return {};
 }
 
@@ -197,18 +249,21 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
   return {};
 }
 
-core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
-                   const Nonce& server_nonce, const Identity& client, const Identity& server_id) {
+core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
   std::vector<uint8_t> msg;
   ByteWriter w(msg);
-  std::string_view role = server ? "ferry-server-v2" : "ferry-client-v2";
+  std::string_view role = server ? "ferry-server-v3" : "ferry-client-v3";
   w.bytes({reinterpret_cast<const uint8_t*>(role.data()), role.size()});
-  w.bytes(client_nonce);
-  w.bytes(server_nonce);
-  w.u64(client.engine_id);
-  w.u64(client.incarnation);
-  w.u64(server_id.engine_id);
-  w.u64(server_id.incarnation);
+  w.bytes(t.client_nonce);
+  w.bytes(t.server_nonce);
+  w.u64(t.client.engine_id);
+  w.u64(t.client.incarnation);
+  w.u64(t.server.engine_id);
+  w.u64(t.server.incarnation);
+  for (auto kinds : {t.offered, t.chosen}) {
+    w.u8(static_cast<uint8_t>(kinds.size()));
+    for (TransportKind k : kinds) w.u8(static_cast<uint8_t>(k));
+  }
   return core::hmac_sha256(secret, msg);
 }
 

@@ -22,7 +22,11 @@ constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // sends (SEND_CTS, SEND flags ANNOUNCE / RENDEZVOUS); group frames (WRITE_GROUP, READ_GROUP_REQ,
 // READ_GROUP_DATA) carry many small slices of an operation; WRITE_ACK counts them. 5: verbs
 // messages up to 64 KiB go eager (64 KiB receive buffers); one verbs ACK names up to 4 messages.
-constexpr uint16_t kProtocolVersion = 5;
+// 6: transports set themselves up: HELLO_ACK names the peer's channels, CHANNEL_ADDRESSES
+// carries each one's opaque address, JOIN names its channel; the MACs cover offer and choice.
+constexpr uint16_t kProtocolVersion = 6;
+// Transports a peer may offer (and so channels a peer may have).
+constexpr std::size_t kMaxOfferedTransports = 8;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;
@@ -41,8 +45,9 @@ struct HelloAck {
   uint16_t version = kProtocolVersion;
   uint64_t engine_id = 0;
   uint64_t incarnation = 0;
-  TransportKind transport = TransportKind::kTcp;
-  uint8_t streams = 1;
+  // The peer's channels: the transports both sides offer and the server can use, in the
+  // server's order; the first carries the operations.
+  std::vector<TransportKind> channels;
   Nonce nonce{};
   Token token{};
   std::optional<core::Mac> mac;  // present when the server has a secret
@@ -52,11 +57,23 @@ struct Auth {
   core::Mac mac{};
 };
 
+// Each channel's address (transport::Channel::local_address), in HELLO_ACK's order: the
+// client's first, then the server's answer.
+struct ChannelAddress {
+  TransportKind kind{};
+  std::vector<uint8_t> bytes;
+};
+struct ChannelAddresses {
+  std::vector<ChannelAddress> channels;
+};
+
+// A side connection of channel `kind` (transport::Channel::attach_side).
 struct Join {
   uint32_t magic = kMagic;
   uint16_t version = kProtocolVersion;
   Token token{};
-  uint8_t stream = 0;
+  TransportKind kind{};
+  uint16_t index = 0;
 };
 
 struct ErrorMsg {
@@ -69,6 +86,7 @@ std::vector<uint8_t> frame(core::FrameType type, std::span<const uint8_t> body);
 std::vector<uint8_t> encode(const Hello& m);
 std::vector<uint8_t> encode(const HelloAck& m);
 std::vector<uint8_t> encode(const Auth& m);
+std::vector<uint8_t> encode(const ChannelAddresses& m);
 std::vector<uint8_t> encode(const Join& m);
 std::vector<uint8_t> encode(const ErrorMsg& m);
 std::vector<uint8_t> encode_empty(core::FrameType type);
@@ -78,6 +96,7 @@ std::vector<uint8_t> encode_empty(core::FrameType type);
 Status decode(std::span<const uint8_t> body, Hello& out);
 Status decode(std::span<const uint8_t> body, HelloAck& out);
 Status decode(std::span<const uint8_t> body, Auth& out);
+Status decode(std::span<const uint8_t> body, ChannelAddresses& out);
 Status decode(std::span<const uint8_t> body, Join& out);
 Status decode(std::span<const uint8_t> body, ErrorMsg& out);
 
@@ -89,8 +108,16 @@ struct Identity {
 
 // What each side signs: its role, both nonces and both identities (engine id and incarnation),
 // so a MAC cannot be replayed in another session, reflected back at its sender, or used by one
-// incarnation of an engine to pass for another.
-core::Mac auth_mac(std::string_view secret, bool server, const Nonce& client_nonce,
-                   const Nonce& server_nonce, const Identity& client, const Identity& server_id);
+// incarnation of an engine to pass for another; and the transports the client offered and the
+// channels the server chose, so nobody between them can steer the peers to a weaker transport.
+struct Transcript {
+  Nonce client_nonce{};
+  Nonce server_nonce{};
+  Identity client;
+  Identity server;
+  std::span<const TransportKind> offered;
+  std::span<const TransportKind> chosen;
+};
+core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t);
 
 }  // namespace ferry::engine

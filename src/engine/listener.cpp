@@ -46,10 +46,10 @@ int milliseconds_until(Clock::time_point when, Clock::time_point now) {
 
 struct Listener::Handshake {
   enum class Stage : uint8_t {
-    kFirst,         // expects HELLO (a control connection) or JOIN (a data stream)
-    kAuth,          // HELLO_ACK with the server's MAC sent; expects AUTH
-    kVerbsAddress,  // peer created with a verbs channel; expects the client's queue pairs
-    kHandOver,      // the last reply is queued; once it is out the connection leaves
+    kFirst,      // expects HELLO (a control connection) or JOIN (a side connection)
+    kAuth,       // HELLO_ACK with the server's MAC sent; expects AUTH
+    kAddresses,  // peer and its channels created; expects the client's channel addresses
+    kHandOver,   // the last reply is queued; once it is out the connection leaves
   };
   uint64_t id = 0;
   core::Fd fd;    // until it moves into the peer (control) or the channel (stream)
@@ -66,6 +66,7 @@ struct Listener::Handshake {
   engine::HelloAck ack;
   engine::Join join;
   bool is_stream = false;
+  bool publish = false;  // a peer whose channels need no side connections: ready at hand-over
   std::shared_ptr<PeerImpl> peer;
 };
 
@@ -94,7 +95,8 @@ Listener::~Listener() { stop(); }
 
 std::size_t Listener::worst_case_handshake_bytes() {
   constexpr std::size_t kFrame = core::kFrameHeaderSize + core::kMaxControlPayload;
-  // The frame being read, at most two replies queued (HELLO_ACK then AUTH_OK or VERBS_ADDRESS),
+  // The frame being read, at most two replies queued (HELLO_ACK then AUTH_OK or
+  // CHANNEL_ADDRESSES),
   // the map nodes and the per-source count.
   return sizeof(Handshake) + 3 * kFrame + 256;
 }
@@ -293,8 +295,8 @@ Status Listener::step(Handshake& h, const FrameHeader& header, std::span<const u
   if (h.stage == Stage::kFirst && header.type == FrameType::kHello) return on_hello(h, body);
   if (h.stage == Stage::kFirst && header.type == FrameType::kJoin) return on_join(h, body);
   if (h.stage == Stage::kAuth && header.type == FrameType::kAuth) return on_auth(h, body);
-  if (h.stage == Stage::kVerbsAddress && header.type == FrameType::kVerbsAddress) {
-    return on_verbs_address(h, body);
+  if (h.stage == Stage::kAddresses && header.type == FrameType::kChannelAddresses) {
+    return on_addresses(h, body);
   }
   if (h.stage == Stage::kFirst) return {ErrorCode::kProtocol, "expected hello or join"};
   if (h.stage == Stage::kAuth) return {ErrorCode::kAuthFailed, "authentication required"};
@@ -304,30 +306,25 @@ Status Listener::step(Handshake& h, const FrameHeader& header, std::span<const u
 
 Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   if (Status s = engine::decode(body, h.hello); !s.ok()) return s;
-  auto offered = [&](TransportKind t) {
-    return std::find(h.hello.transports.begin(), h.hello.transports.end(), t) !=
-           h.hello.transports.end();
-  };
-  // TCP carries the control connection and messages, so both sides must have it.
-  if (!offered(TransportKind::kTcp)) return {ErrorCode::kUnsupported, "peer does not offer tcp"};
   const Config& config = engine_.config;
   engine::HelloAck& ack = h.ack;
   ack.engine_id = engine_.id;
   ack.incarnation = engine_.incarnation;
-  ack.transport = TransportKind::kTcp;
   for (TransportKind t : engine_.usable_transports()) {
-    if (offered(t)) {
-      ack.transport = t;
-      break;
+    if (std::find(h.hello.transports.begin(), h.hello.transports.end(), t) !=
+        h.hello.transports.end()) {
+      ack.channels.push_back(t);
     }
   }
-  ack.streams = static_cast<uint8_t>(config.tcp_streams);
+  if (ack.channels.empty()) {
+    std::string ours;
+    for (TransportKind t : engine_.usable_transports()) ours += " " + std::string(to_string(t));
+    return {ErrorCode::kUnsupported, "no common transport: this engine can use" + ours};
+  }
   core::random_bytes(ack.nonce);
   core::random_bytes(ack.token);
   if (!config.secret.empty()) {
-    ack.mac = engine::auth_mac(config.secret, true, h.hello.nonce, ack.nonce,
-                               {h.hello.engine_id, h.hello.incarnation},
-                               {engine_.id, engine_.incarnation});
+    ack.mac = engine::auth_mac(config.secret, true, transcript(h));
   } else if (Status s = engine_.check_admission(h.hello, false); !s.ok()) {
     return s;  // refused before the client learns a session token
   }
@@ -343,9 +340,7 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   const Config& config = engine_.config;
   engine::Auth auth;
   if (Status s = engine::decode(body, auth); !s.ok()) return s;
-  if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, h.hello.nonce, h.ack.nonce,
-                                                  {h.hello.engine_id, h.hello.incarnation},
-                                                  {engine_.id, engine_.incarnation}))) {
+  if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, transcript(h)))) {
     return {ErrorCode::kAuthFailed, "wrong shared secret"};
   }
   if (Status s = engine_.check_admission(h.hello, true); !s.ok()) return s;
@@ -353,25 +348,31 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   return admit_peer(h);
 }
 
-Status Listener::admit_peer(Handshake& h) {
-  if (Status s = engine_.create_peer(h.hello, h.address, h.ack.transport, h.fd, h.peer); !s.ok()) {
-    return s;
-  }
-  if (h.ack.transport == TransportKind::kVerbs) {
-    if (Status s = engine_.create_verbs_channel(h.peer); !s.ok()) return s;
-    h.stage = Handshake::Stage::kVerbsAddress;  // the client sends its queue pairs first
-    return {};
-  }
-  engine_.add_joining(h.ack.token, h.peer, h.deadline);
-  return finish_replies(h);
+engine::Transcript Listener::transcript(const Handshake& h) const {
+  return {h.hello.nonce,
+          h.ack.nonce,
+          {h.hello.engine_id, h.hello.incarnation},
+          {engine_.id, engine_.incarnation},
+          h.hello.transports,
+          h.ack.channels};
 }
 
-Status Listener::on_verbs_address(Handshake& h, std::span<const uint8_t> body) {
-  transport::verbs::VerbsAddress remote;
-  if (Status s = transport::verbs::VerbsAddress::decode(body, remote); !s.ok()) return s;
-  if (Status s = h.peer->verbs->connect(remote); !s.ok()) return s;
-  if (Status s = queue(h, engine_.verbs_address_frame(*h.peer)); !s.ok()) return s;
-  engine_.add_joining(h.ack.token, h.peer, h.deadline);
+Status Listener::admit_peer(Handshake& h) {
+  if (Status s = engine_.create_peer(h.hello, h.address, h.ack.channels, h.fd, h.peer); !s.ok()) {
+    return s;
+  }
+  h.stage = Handshake::Stage::kAddresses;  // the client sends its channels' addresses first
+  return {};
+}
+
+Status Listener::on_addresses(Handshake& h, std::span<const uint8_t> body) {
+  if (Status s = EngineImpl::connect_channels(*h.peer, body); !s.ok()) return s;
+  if (Status s = queue(h, EngineImpl::channel_addresses(*h.peer)); !s.ok()) return s;
+  if (h.peer->channels.side_connections() > 0) {
+    engine_.add_joining(h.ack.token, h.peer, h.deadline);
+  } else {
+    h.publish = true;
+  }
   return finish_replies(h);
 }
 
@@ -434,9 +435,11 @@ void Listener::hand_over(Handshake& h) {
   std::shared_ptr<PeerImpl> peer = std::move(h.peer);
   core::Fd stream = std::move(h.fd);
   bool is_stream = h.is_stream;
+  bool publish = h.publish;
   engine::Join join = h.join;
   forget(h);
-  if (is_stream) engine_.attach_stream(peer, join, std::move(stream));
+  if (is_stream) engine_.attach_side(peer, join, std::move(stream));
+  if (publish) engine_.publish(peer);
 }
 
 void Listener::fail(Handshake& h, const Status& why) {

@@ -1,6 +1,6 @@
 // Accepts peers' connections and drives every server-side handshake (hello, authentication,
-// verbs addressing, stream joins) as a non-blocking state machine on one thread, which also
-// runs the engine's liveness timer. No connection can hold up another, the timer or shutdown:
+// channel addresses, side-connection joins) as a non-blocking state machine on one thread, which
+// also runs the engine's liveness timer. No connection can hold up another, the timer or shutdown:
 // each handshake has its own deadline, reads only the bytes of the frame it expects, and the
 // caps below bound how many can be pending (docs/architecture.md, "Limits").
 #pragma once
@@ -15,6 +15,7 @@
 
 #include "core/frame.hpp"
 #include "core/net.hpp"
+#include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::detail {
@@ -52,9 +53,11 @@ class Listener {
   Status step(Handshake& h, const core::FrameHeader& header, std::span<const uint8_t> body);
   Status on_hello(Handshake& h, std::span<const uint8_t> body);
   Status on_auth(Handshake& h, std::span<const uint8_t> body);
-  Status on_verbs_address(Handshake& h, std::span<const uint8_t> body);
+  Status on_addresses(Handshake& h, std::span<const uint8_t> body);
   Status on_join(Handshake& h, std::span<const uint8_t> body);
-  // The client is who it says: create its peer and go on to verbs addressing or the joins.
+  // What the MACs cover (engine::auth_mac).
+  engine::Transcript transcript(const Handshake& h) const;
+  // The client is who it says: create its peer and channels, then exchange their addresses.
   Status admit_peer(Handshake& h);
   // Queues bytes and sends what the socket takes now.
   Status queue(Handshake& h, const std::vector<uint8_t>& frame);

@@ -170,8 +170,7 @@ void PeerImpl::close(const Status& reason) {
   if (lost.exchange(true)) return;
   // The channel first: its close reason is what in-flight operations report, and the goodbye
   // below makes the remote side drop our streams, which must not be mistaken for a loss.
-  if (verbs) verbs->close(reason);
-  if (channel) channel->close(reason);
+  channels.close(reason);
   if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
   ::shutdown(control_->fd.get(), SHUT_RDWR);
   std::shared_ptr<Control> control = control_;
@@ -184,11 +183,6 @@ void PeerImpl::channel_closed(const Status& reason) {
   if (open_channels.fetch_sub(1) != 1) return;
   link->fail_all(reason);
   engine->peer_closed(this);
-}
-
-transport::Channel& PeerImpl::data_channel() const {
-  if (verbs) return *verbs;
-  return *channel;
 }
 
 }  // namespace ferry::detail

@@ -11,11 +11,10 @@
 #include <vector>
 
 #include "core/net.hpp"
+#include "engine/channel_set.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
-#include "transport/tcp/tcp_channel.hpp"
-#include "transport/verbs/verbs_channel.hpp"
 
 namespace ferry::detail {
 
@@ -65,8 +64,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void close(const Status& reason);
   // A channel finished closing; when the last one did, every op still posted fails.
   void channel_closed(const Status& reason);
-  // The channel one-sided operations use: verbs when chosen, else TCP.
-  transport::Channel& data_channel() const;
+  // The channel operations and messages use.
+  transport::Channel& data_channel() const { return channels.primary(); }
 
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();
@@ -78,12 +77,11 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const uint64_t engine_id;
   const uint64_t incarnation;
   const std::string address;
-  const TransportKind transport;
+  const TransportKind transport;  // of the primary channel
   const bool incoming;
   std::shared_ptr<EngineImpl> engine;
   std::shared_ptr<transport::PeerLink> link;
-  std::shared_ptr<transport::tcp::TcpChannel> channel;    // control-adjacent streams, send/recv
-  std::shared_ptr<transport::verbs::VerbsChannel> verbs;  // one-sided ops, when chosen
+  ChannelSet channels;  // filled by the handshake before anyone else sees the peer
   std::atomic<bool> lost{false};
   std::atomic<std::size_t> queued_imms{0};  // its notifications waiting for next_imm()
   std::atomic<int> open_channels{0};

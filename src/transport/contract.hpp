@@ -11,9 +11,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "core/net.hpp"
 #include "core/reactor.hpp"
 #include "core/teardown.hpp"
+#include "ferry/config.hpp"
 #include "ferry/error.hpp"
 #include "ferry/types.hpp"
 #include "transport/matcher.hpp"
@@ -84,10 +87,33 @@ enum class PostResult : uint8_t {
   kQueued,    // some slices wait for credits; the transport posts them as credits return
 };
 
-// A connection to one peer over one transport: the data path.
+// The most bytes one channel's address (Channel::local_address) may take: the addresses of all
+// of a peer's channels travel in one control frame (core::kMaxControlPayload).
+constexpr std::size_t kMaxAddressBytes = 1024;
+
+// A connection to one peer over one transport.
+//
+// Set-up, driven by the engine over the control connection: each side creates its channel
+// (Transport::make_channel), the two exchange local_address() and connect() to each other's;
+// then the dialing side opens side_connections() more TCP connections to the listener's port,
+// which the engine hands to attach_side() on both ends. The address is opaque to the engine.
 class Channel {
  public:
   virtual ~Channel() = default;
+  virtual TransportKind kind() const = 0;
+  // What the peer's channel needs to connect to this one (at most kMaxAddressBytes).
+  virtual std::vector<uint8_t> local_address() const = 0;
+  // Connects to the peer's channel from its local_address(); rejects malformed input.
+  virtual Status connect(std::span<const uint8_t> remote) = 0;
+  // Extra connections the channel runs over (TCP: its streams), known once connected.
+  virtual int side_connections() const { return 0; }
+  // Hands over side connection `index` (0 .. side_connections() - 1).
+  virtual Status attach_side(int index, core::Fd fd) {
+    (void)fd;
+    return {ErrorCode::kProtocol, "side connection " + std::to_string(index) + " for " +
+                                      std::string(to_string(kind())) + ", which takes none"};
+  }
+
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;
   // Posts a planned operation (see engine/planner.hpp); the op is already marked posted. On a
@@ -98,6 +124,10 @@ class Channel {
   // every op still posted (PeerLink::fail_all), after all of the peer's channels closed.
   virtual void close(const Status& reason) = 0;
   virtual bool closed() const = 0;
+  // Closed, and `on_closed` has run: nothing of the channel runs on the progress threads.
+  virtual bool quiesced() const = 0;
+  // Releases what the progress threads would have; called once the reactor has stopped.
+  virtual void stop_after_reactor() = 0;
   // Deregistering the region [base, base + length) has waited Config::revoke_timeout for
   // accesses to end: if this channel still serves one (the target's CPU copying into or out
   // of it for the peer), it closes with `why`, which fails the access and lets the region go.
@@ -105,8 +135,15 @@ class Channel {
   virtual void cut_off(const uint8_t* base, uint64_t length, const Status& why) = 0;
 };
 
-// A transport: registration keys and capabilities. Connection set-up is transport-specific
-// and driven by the engine over the control connection.
+// What a transport gets to create one peer's channel.
+struct ChannelArgs {
+  Host& host;
+  std::shared_ptr<PeerLink> link;
+  std::function<void(const Status&)> on_closed;  // once, when the channel has closed
+  bool dialer;  // this side connected to the peer (the listener's address decides shared counts)
+};
+
+// A transport opened for one engine: registration keys and the channel factory.
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -119,6 +156,8 @@ class Transport {
                                  uint64_t table_key, std::span<uint8_t> key,
                                  uint8_t& key_length) = 0;
   virtual void deregister_region(uint32_t region_id) = 0;
+  // A channel to a new peer, not yet connected; an error refuses that peer only.
+  virtual Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) = 0;
 };
 
 }  // namespace ferry::transport

@@ -1,8 +1,9 @@
-// The conformance suite (issue 17): the same cases for every transport. A case's two engines
-// offer only the transport under test (and TCP, which every peer needs for its control
-// connection); the case checks that their peers really use it. A transport unusable here is
-// skipped, unless FERRY_CONFORMANCE_REQUIRE names it (comma-separated, as `ferry info` spells
-// the kinds): then it fails. The Soft-RoCE guest requires verbs.
+// The conformance suite (issue 17): the same cases for every transport in the registry
+// (src/transport/transports.def), so a new transport runs them without a line here. A case's
+// two engines offer only the transport under test; the case checks that their peers use it. A
+// transport unusable here is skipped, unless FERRY_CONFORMANCE_REQUIRE names it
+// (comma-separated, as `ferry info` spells the kinds): then it fails. The Soft-RoCE guest
+// requires verbs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,8 +13,10 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "support/pair.hpp"
+#include "transport/registry.hpp"
 
 namespace ferry {
 // Test names and failure messages print the transport's name.
@@ -35,7 +38,6 @@ inline bool conformance_required(TransportKind kind) {
 inline Config conformance_config(TransportKind kind) {
   Config c = test_config();
   c.transports = {kind};
-  if (kind != TransportKind::kTcp) c.transports.push_back(TransportKind::kTcp);
   c.tcp_streams = 4;
   c.slice_bytes = 64 << 10;
   return c;
@@ -59,6 +61,13 @@ class Conformance : public ::testing::TestWithParam<TransportKind> {
  private:
   std::unique_ptr<Pair> p_;
 };
+
+// Every transport built in, in transports.def order.
+inline std::vector<TransportKind> registered_kinds() {
+  std::vector<TransportKind> kinds;
+  for (const auto* entry : transport::registered_transports()) kinds.push_back(entry->kind);
+  return kinds;
+}
 
 inline std::string transport_case_name(const ::testing::TestParamInfo<TransportKind>& info) {
   return std::string(to_string(info.param));

@@ -187,8 +187,7 @@ TEST_P(Conformance, ShutdownCancelsInFlightOperations) {
   EXPECT_FALSE(p.target_peer.connected());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, Conformance,
-                         ::testing::Values(TransportKind::kTcp, TransportKind::kVerbs),
+INSTANTIATE_TEST_SUITE_P(Transports, Conformance, ::testing::ValuesIn(registered_kinds()),
                          transport_case_name);
 
 }  // namespace

@@ -1,7 +1,8 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
-// frame headers, group frames' entry tables, handshake bodies, verbs queue-pair addresses and
-// message headers, and descriptors (binary, text). The first input byte picks the decoder. Decoders
-// must reject bad input with an error, never crash or over-read.
+// frame headers, group frames' entry tables, handshake bodies (channel addresses included),
+// verbs queue-pair addresses and message headers, and descriptors (binary, text). The first
+// input byte picks the decoder. Decoders must reject bad input with an error, never crash or
+// over-read.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +19,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 11) {
+  switch (data[0] % 12) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -95,6 +96,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
         uint8_t again[ferry::transport::verbs::MsgHeader::kSize];
         h.encode(again);
         if (std::memcmp(again, body.data(), sizeof again) != 0) __builtin_trap();
+      }
+      break;
+    }
+    case 11: {
+      ferry::engine::ChannelAddresses m;
+      if (ferry::engine::decode(body, m).ok()) {
+        // What decodes must encode back to the same bytes.
+        auto again = ferry::engine::encode(m);
+        if (!std::equal(again.begin() + ferry::core::kFrameHeaderSize, again.end(), body.begin(),
+                        body.end()))
+          __builtin_trap();
       }
       break;
     }

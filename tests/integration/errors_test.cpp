@@ -130,12 +130,27 @@ TEST(Config, RejectsBadSettings) {
   c.slice_bytes = 100;
   EXPECT_THROW(Engine{c}, Error);
   c = test_config();
-  c.transports = {TransportKind::kVerbs};
+  c.transports = {};
+  EXPECT_THROW(Engine{c}, Error);
+  c.transports = {TransportKind::kShm};
   try {
     Engine e(c);
-    FAIL() << "an engine without a usable transport was created";
+    FAIL() << "an engine with a transport this build lacks was created";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("shm is not built"), std::string::npos) << e.what();
+  }
+  // Only transports that cannot be used on this host: refused, each one's reason given.
+  for (const TransportInfo& t : Engine::transports()) {
+    if (t.usable) continue;
+    c.transports = {t.kind};
+    try {
+      Engine e(c);
+      FAIL() << "an engine without a usable transport was created";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find(t.detail), std::string::npos) << e.what();
+    }
   }
 }
 

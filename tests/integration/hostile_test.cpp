@@ -267,18 +267,8 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
   Config c = test_config();
   c.tcp_streams = 1;
   Engine server(c);
-  Raw control(server, kOtherHost);
-  control.send(engine::encode(hello_from(90)));
-  core::FrameHeader h;
-  std::vector<uint8_t> body;
-  ASSERT_TRUE(control.read(h, body).ok());
-  engine::HelloAck ack;
-  ASSERT_TRUE(engine::decode(body, ack).ok());
-  Raw stream(server, kOtherHost);
-  engine::Join join;
-  join.token = ack.token;
-  stream.send(engine::encode(join));
-  ASSERT_TRUE(stream.read(h, body).ok());
+  RawPeer raw(server, 90, kOtherHost);
+  Raw& control = raw.control;
   ASSERT_TRUE(server.accept(kWait).has_value());
   // 8 MiB of pings, never reading a pong: without coalescing the server would queue 8 MiB.
   auto ping = engine::encode_empty(core::FrameType::kPing);

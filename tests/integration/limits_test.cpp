@@ -15,7 +15,7 @@ namespace {
 
 // A caller whose write finds the socket already broken closes the channel from post(); the
 // stream's send lock must not be held then (one lock order: close lock before send lock, as in
-// attach()). The initiator's only progress thread is kept busy in a callback so that it cannot
+// attach_side()). The initiator's only progress thread is kept busy in a callback so that it cannot
 // notice the lost connection first: the callers' writes meet the broken sockets. TSan reports a
 // lock-order inversion if post() closes under the send lock.
 TEST(LockOrder, APostThatFindsTheSocketBrokenClosesOutsideTheSendLock) {

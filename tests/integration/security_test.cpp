@@ -76,6 +76,7 @@ TEST(Wire, GarbageAndForeignProtocolsAreRefused) {
     Raw raw(server);  // a join for a session that does not exist
     engine::Join j;
     j.token[0] = 1;
+    j.kind = TransportKind::kTcp;
     raw.send(engine::encode(j));
     raw.expect_refusal(ErrorCode::kProtocol);
   }

@@ -45,12 +45,12 @@ class Channel : public ::testing::Test {
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     peer = core::Fd(sv[1]);
-    ASSERT_TRUE(channel->attach(0, core::Fd(sv[0])).ok());
+    ASSERT_TRUE(channel->attach_side(0, core::Fd(sv[0])).ok());
   }
   void TearDown() override {
     if (channel) {
       channel->close({ErrorCode::kCancelled, "test over"});
-      wait_for([&] { return channel->fully_closed(); });
+      wait_for([&] { return channel->quiesced(); });
       link->fail_all({ErrorCode::kCancelled, "test over"});
     }
     host.loops.stop();
@@ -114,7 +114,7 @@ TEST_F(Channel, AnAnnouncedMessageIsAllocatedOnlyAsItsBytesArrive) {
   EXPECT_EQ(budget->used(), counted.bytes);
 
   peer.reset();  // the rest never comes
-  wait_for([&] { return channel->fully_closed(); });
+  wait_for([&] { return channel->quiesced(); });
   EXPECT_EQ(link->matcher.usage().messages, 0u);
   EXPECT_EQ(budget->used(), 0u) << "the engine's budget is whole again";
 }

@@ -81,8 +81,15 @@ inline engine::Hello hello_from(uint64_t id, uint64_t incarnation = 1) {
   return h;
 }
 
-// A raw peer admitted by `server` with one data stream: what a hostile client holds after a
-// complete handshake.
+// The CHANNEL_ADDRESSES frame of a client with one TCP channel of `streams` streams.
+inline std::vector<uint8_t> tcp_channel_addresses(uint16_t streams = 1) {
+  engine::ChannelAddresses m;
+  m.channels.push_back({TransportKind::kTcp, {static_cast<uint8_t>(streams), 0}});
+  return engine::encode(m);
+}
+
+// A raw peer admitted by `server` (tcp_streams 1) with its one data stream: what a hostile
+// client holds after a complete handshake.
 struct RawPeer {
   explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1")
       : control(server, source) {
@@ -93,9 +100,13 @@ struct RawPeer {
     EXPECT_EQ(h.type, core::FrameType::kHelloAck);
     engine::HelloAck ack;
     EXPECT_TRUE(engine::decode(body, ack).ok());
+    control.send(tcp_channel_addresses());
+    EXPECT_TRUE(control.read(h, body).ok());
+    EXPECT_EQ(h.type, core::FrameType::kChannelAddresses);
     stream = std::make_unique<Raw>(server, source);
     engine::Join join;
     join.token = ack.token;
+    join.kind = TransportKind::kTcp;
     stream->send(engine::encode(join));
     EXPECT_TRUE(stream->read(h, body).ok());
     EXPECT_EQ(h.type, core::FrameType::kJoinOk);

@@ -5,6 +5,7 @@
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/contract.hpp"
 
 namespace ferry {
 namespace {
@@ -196,26 +197,45 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
 TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   engine::HelloAck a;
   a.engine_id = 5;
-  a.streams = 4;
+  a.channels = {TransportKind::kVerbs, TransportKind::kTcp};
   a.token[0] = 1;
   a.mac = core::Mac{};
   (*a.mac)[31] = 7;
   engine::HelloAck a2;
   ASSERT_TRUE(engine::decode(body_of(engine::encode(a)), a2).ok());
-  EXPECT_EQ(a2.streams, 4);
+  EXPECT_EQ(a2.channels, a.channels);
   ASSERT_TRUE(a2.mac.has_value());
   EXPECT_EQ((*a2.mac)[31], 7);
 
-  a.streams = 0;
-  EXPECT_EQ(engine::decode(body_of(engine::encode(a)), a2).code(), ErrorCode::kProtocol);
+  // No channel, a channel twice, too many: each refused.
+  for (auto channels :
+       {std::vector<TransportKind>{},
+        std::vector<TransportKind>{TransportKind::kTcp, TransportKind::kTcp},
+        std::vector<TransportKind>(engine::kMaxOfferedTransports + 1, TransportKind::kTcp)}) {
+    a.channels = channels;
+    EXPECT_EQ(engine::decode(body_of(engine::encode(a)), a2).code(), ErrorCode::kProtocol)
+        << channels.size();
+  }
+  // A kind this build does not know is well-formed (a newer peer's transport).
+  a.channels = {static_cast<TransportKind>(200)};
+  ASSERT_TRUE(engine::decode(body_of(engine::encode(a)), a2).ok());
+  EXPECT_EQ(a2.channels, a.channels);
 
   engine::Join j;
-  j.stream = 3;
+  j.kind = TransportKind::kTcp;
+  j.index = 300;
   j.token[15] = 8;
   engine::Join j2;
-  ASSERT_TRUE(engine::decode(body_of(engine::encode(j)), j2).ok());
-  EXPECT_EQ(j2.stream, 3);
+  auto join = body_of(engine::encode(j));
+  ASSERT_TRUE(engine::decode(join, j2).ok());
+  EXPECT_EQ(j2.kind, TransportKind::kTcp);
+  EXPECT_EQ(j2.index, 300);
   EXPECT_EQ(j2.token, j.token);
+  j.kind = TransportKind{};
+  EXPECT_EQ(engine::decode(body_of(engine::encode(j)), j2).code(), ErrorCode::kProtocol);
+  for (std::size_t cut = 0; cut < join.size(); ++cut) {
+    EXPECT_EQ(engine::decode({join.data(), cut}, j2).code(), ErrorCode::kProtocol) << cut;
+  }
 
   engine::ErrorMsg e{ErrorCode::kAuthFailed, "nope"};
   engine::ErrorMsg e2;
@@ -227,20 +247,73 @@ TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   EXPECT_EQ(engine::decode(std::vector<uint8_t>(31), au).code(), ErrorCode::kProtocol);
 }
 
-TEST(Handshake, MacsBindRoleNoncesAndIdentities) {
-  engine::Nonce c{}, s{};
-  c[0] = 1;
-  s[0] = 2;
-  const engine::Identity client{10, 100}, server_id{20, 200};
-  auto server = engine::auth_mac("k", true, c, s, client, server_id);
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", false, c, s, client, server_id)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("other", true, c, s, client, server_id)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, s, c, client, server_id)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, {11, 100}, server_id)));
+TEST(Handshake, ChannelAddressesRoundTripAndRejectDamage) {
+  engine::ChannelAddresses m;
+  m.channels.push_back({TransportKind::kVerbs, std::vector<uint8_t>(40, 7)});
+  m.channels.push_back({TransportKind::kTcp, {2, 0}});
+  auto body = body_of(engine::encode(m));
+  engine::ChannelAddresses back;
+  ASSERT_TRUE(engine::decode(body, back).ok());
+  ASSERT_EQ(back.channels.size(), 2u);
+  EXPECT_EQ(back.channels[0].kind, TransportKind::kVerbs);
+  EXPECT_EQ(back.channels[0].bytes, m.channels[0].bytes);
+  EXPECT_EQ(back.channels[1].bytes, m.channels[1].bytes);
+
+  for (std::size_t cut = 0; cut < body.size(); ++cut) {
+    engine::ChannelAddresses out;
+    EXPECT_EQ(engine::decode({body.data(), cut}, out).code(), ErrorCode::kProtocol) << cut;
+    EXPECT_TRUE(out.channels.empty()) << "a rejected frame must not change the output";
+  }
+  auto longer = body;
+  longer.push_back(0);
+  EXPECT_EQ(engine::decode(longer, back).code(), ErrorCode::kProtocol);
+
+  engine::ChannelAddresses big;
+  big.channels.push_back(
+      {TransportKind::kTcp, std::vector<uint8_t>(transport::kMaxAddressBytes + 1)});
+  EXPECT_EQ(engine::decode(body_of(engine::encode(big)), back).code(), ErrorCode::kProtocol);
+  engine::ChannelAddresses none;
+  EXPECT_EQ(engine::decode(body_of(engine::encode(none)), back).code(), ErrorCode::kProtocol);
+}
+
+TEST(Handshake, MacsBindRoleNoncesIdentitiesAndTransports) {
+  const std::vector<TransportKind> offered{TransportKind::kVerbs, TransportKind::kTcp};
+  const std::vector<TransportKind> chosen{TransportKind::kVerbs, TransportKind::kTcp};
+  engine::Transcript t;
+  t.client_nonce[0] = 1;
+  t.server_nonce[0] = 2;
+  t.client = {10, 100};
+  t.server = {20, 200};
+  t.offered = offered;
+  t.chosen = chosen;
+  auto server = engine::auth_mac("k", true, t);
+  auto differs = [&](std::string_view secret, bool as_server, const engine::Transcript& other) {
+    return !core::mac_equal(server, engine::auth_mac(secret, as_server, other));
+  };
+  EXPECT_TRUE(differs("k", false, t));
+  EXPECT_TRUE(differs("other", true, t));
+  engine::Transcript swapped = t;
+  std::swap(swapped.client_nonce, swapped.server_nonce);
+  EXPECT_TRUE(differs("k", true, swapped));
+  engine::Transcript other_engine = t;
+  other_engine.client.engine_id = 11;
+  EXPECT_TRUE(differs("k", true, other_engine));
   // Another incarnation of either engine cannot pass for this one.
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, {10, 101}, server_id)));
-  EXPECT_FALSE(core::mac_equal(server, engine::auth_mac("k", true, c, s, client, {20, 201})));
-  EXPECT_TRUE(core::mac_equal(server, engine::auth_mac("k", true, c, s, client, server_id)));
+  engine::Transcript incarnation = t;
+  incarnation.client.incarnation = 101;
+  EXPECT_TRUE(differs("k", true, incarnation));
+  incarnation = t;
+  incarnation.server.incarnation = 201;
+  EXPECT_TRUE(differs("k", true, incarnation));
+  // Nobody in between can take verbs out of the offer or the choice unnoticed.
+  const std::vector<TransportKind> tcp_only{TransportKind::kTcp};
+  engine::Transcript downgraded = t;
+  downgraded.offered = tcp_only;
+  EXPECT_TRUE(differs("k", true, downgraded));
+  downgraded = t;
+  downgraded.chosen = tcp_only;
+  EXPECT_TRUE(differs("k", true, downgraded));
+  EXPECT_FALSE(differs("k", true, t));
 }
 
 Descriptor sample_descriptor() {

@@ -13,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/bytes.hpp"
 #include "core/sys.hpp"
 #include "transport/tcp/tcp_stream.hpp"
 
@@ -23,28 +24,60 @@ namespace ferry::transport::tcp {
 
 std::shared_ptr<TcpChannel> TcpChannel::create(Host& host, std::shared_ptr<PeerLink> link,
                                                const TcpOptions& options,
-                                               std::function<void(const Status&)> on_closed) {
+                                               std::function<void(const Status&)> on_closed,
+                                               bool dialer) {
   return std::shared_ptr<TcpChannel>(
-      new TcpChannel(host, std::move(link), options, std::move(on_closed)));
+      new TcpChannel(host, std::move(link), options, std::move(on_closed), dialer));
 }
 
 TcpChannel::TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOptions& options,
-                       std::function<void(const Status&)> on_closed)
-    : host_(host), link_(std::move(link)), options_(options), on_closed_(std::move(on_closed)) {
+                       std::function<void(const Status&)> on_closed, bool dialer)
+    : host_(host),
+      link_(std::move(link)),
+      options_(options),
+      on_closed_(std::move(on_closed)),
+      dialer_(dialer) {
   if (options_.streams < 1 || options_.streams > OpState::kMaxLanes) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tcp_streams must be 1.." + std::to_string(OpState::kMaxLanes));
   }
-  for (int i = 0; i < options_.streams; ++i) {
+  make_streams(options_.streams);
+}
+
+TcpChannel::~TcpChannel() = default;
+
+void TcpChannel::make_streams(int count) {
+  streams_.clear();
+  for (int i = 0; i < count; ++i) {
     auto s = std::make_shared<Stream>(*this, i);
     s->credits = options_.slices_in_flight_per_stream;
     streams_.push_back(std::move(s));
   }
 }
 
-TcpChannel::~TcpChannel() = default;
+std::vector<uint8_t> TcpChannel::local_address() const {
+  std::vector<uint8_t> out;
+  core::ByteWriter(out).u16(static_cast<uint16_t>(streams_.size()));
+  return out;
+}
 
-Status TcpChannel::attach(int index, core::Fd fd) {
+Status TcpChannel::connect(std::span<const uint8_t> remote) {
+  core::ByteReader r(remote);
+  uint16_t streams = r.u16();
+  if (!r.ok() || !r.at_end()) return {ErrorCode::kProtocol, "tcp address: not a stream count"};
+  if (streams < 1 || streams > OpState::kMaxLanes) {
+    return {ErrorCode::kProtocol, "tcp address: " + std::to_string(streams) + " streams (1.." +
+                                      std::to_string(OpState::kMaxLanes) + ")"};
+  }
+  if (!dialer_ || streams == streams_.size()) return {};
+  // Under close_mu_, which close() takes before it looks at the streams; none is attached yet.
+  std::lock_guard lock(close_mu_);
+  if (closing_.load()) return {ErrorCode::kPeerLost, "tcp: connection already closed"};
+  make_streams(streams);
+  return {};
+}
+
+Status TcpChannel::attach_side(int index, core::Fd fd) {
   if (index < 0 || index >= static_cast<int>(streams_.size())) {
     return {ErrorCode::kProtocol, "join: stream index " + std::to_string(index) + " out of range"};
   }
@@ -85,7 +118,7 @@ PostResult TcpChannel::post(OpState* op) {
     }
     if (s.queue_head != nullptr) result = PostResult::kQueued;
   }
-  // Never under a send lock: close() takes close_mu_, which comes first (see attach()).
+  // Never under a send lock: close() takes close_mu_, which comes first (see attach_side()).
   if (!failed.ok()) close(failed);
   return result;
 }

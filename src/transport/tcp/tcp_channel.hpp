@@ -32,18 +32,25 @@ struct TcpOptions {
 
 class TcpChannel final : public Channel, public std::enable_shared_from_this<TcpChannel> {
  public:
-  // `on_closed` runs once, on a progress thread, after every stream stopped.
+  // `on_closed` runs once, on a progress thread, after every stream stopped. A `dialer` takes
+  // the listener's number of streams when it connects.
   static std::shared_ptr<TcpChannel> create(Host& host, std::shared_ptr<PeerLink> link,
                                             const TcpOptions& options,
-                                            std::function<void(const Status&)> on_closed);
+                                            std::function<void(const Status&)> on_closed,
+                                            bool dialer = false);
   ~TcpChannel() override;
 
   // The most memory one channel can hold whatever its peer sends (docs/architecture.md,
   // "Limits"); unmatched messages are counted by the peer's matcher, not here.
   static std::size_t worst_case_bytes(const TcpOptions& options);
 
+  TransportKind kind() const override { return TransportKind::kTcp; }
+  // The address is the listener's number of streams (u16): the dialer opens that many.
+  std::vector<uint8_t> local_address() const override;
+  Status connect(std::span<const uint8_t> remote) override;
+  int side_connections() const override { return static_cast<int>(streams_.size()); }
   // Hands a connected socket to stream `index`. Every stream must be attached before post().
-  Status attach(int index, core::Fd fd);
+  Status attach_side(int index, core::Fd fd) override;
 
   int lanes() const override { return static_cast<int>(streams_.size()); }
   PostResult post(OpState* op) override;
@@ -51,9 +58,9 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   bool closed() const override { return closing_.load(); }
   void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
   // Every stream has stopped and the in-flight operations have been failed.
-  bool fully_closed() const { return closing_.load() && live_streams_.load() == 0; }
+  bool quiesced() const override { return closing_.load() && live_streams_.load() == 0; }
   // Stops the remaining streams on the calling thread; only once the reactor has stopped.
-  void stop_after_reactor();
+  void stop_after_reactor() override;
 
   // What each attached stream holds now (diagnostics, tests), read on its progress thread:
   // blocks until they answer, so never call it on a progress thread. A stopped stream reads 0.
@@ -70,8 +77,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
 
  private:
   TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOptions& options,
-             std::function<void(const Status&)> on_closed);
+             std::function<void(const Status&)> on_closed, bool dialer);
   friend struct Stream;
+  // (Re)creates the streams, none attached yet.
+  void make_streams(int count);
   void stream_stopped();
   // write_with_imm accounting: a frame of op `op_id` spread over `streams` streams failed, or
   // was its `last` on its stream; once every stream's last arrived and none failed, the
@@ -82,6 +91,7 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   std::shared_ptr<PeerLink> link_;
   TcpOptions options_;
   std::function<void(const Status&)> on_closed_;
+  const bool dialer_;
   std::vector<std::shared_ptr<Stream>> streams_;
   std::atomic<bool> closing_{false};
   std::atomic<int> live_streams_{0};

@@ -117,6 +117,23 @@ std::shared_ptr<VerbsChannel> VerbsChannel::create(Host& host, VerbsDevice& devi
   return ch;
 }
 
+Status VerbsDevice::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
+  try {
+    out = VerbsChannel::create(
+        args.host, *this, std::move(args.link),
+        {options_.qps_per_peer, options_.busy_poll, options_.zero_copy_receives},
+        std::move(args.on_closed));
+  } catch (const Error& e) {
+    return e.status();  // no queue pairs for this peer: it is refused, the engine goes on
+  }
+  return {};
+}
+
+std::size_t VerbsChannel::worst_case_bytes(int qps) {
+  return sizeof(VerbsChannel) +
+         static_cast<std::size_t>(qps) * (sizeof(Lane) + kSendDepth * std::size_t{kHeaderSlot});
+}
+
 VerbsChannel::VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
                            std::function<void(const Status&)> on_closed)
     : host_(host),
@@ -192,7 +209,7 @@ VerbsChannel::~VerbsChannel() {
   take_resources().destroy();  // nothing left if the channel was closed after connecting
 }
 
-VerbsAddress VerbsChannel::local_address() const {
+VerbsAddress VerbsChannel::queue_pairs() const {
   VerbsAddress a;
   std::memcpy(a.gid, dev_.gid().raw, sizeof a.gid);
   a.mtu = static_cast<uint8_t>(dev_.active_mtu());
@@ -201,7 +218,9 @@ VerbsAddress VerbsChannel::local_address() const {
   return a;
 }
 
-Status VerbsChannel::connect(const VerbsAddress& remote) {
+Status VerbsChannel::connect(std::span<const uint8_t> address) {
+  VerbsAddress remote;
+  if (Status s = VerbsAddress::decode(address, remote); !s.ok()) return s;
   if (remote.qpns.size() != lanes_.size()) {
     return {ErrorCode::kProtocol, "verbs: peer has " + std::to_string(remote.qpns.size()) +
                                       " queue pairs, this side " + std::to_string(lanes_.size())};

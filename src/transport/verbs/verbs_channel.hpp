@@ -69,9 +69,15 @@ class VerbsChannel final : public Channel,
                                               std::function<void(const Status&)> on_closed);
   ~VerbsChannel() override;
 
-  VerbsAddress local_address() const;
-  // Moves every queue pair to RTR and RTS against `remote` and starts completion handling.
-  Status connect(const VerbsAddress& remote);
+  // Memory one channel holds for its lanes and send headers, whatever the peer sends (the
+  // messages it stages count against the peer's unexpected-message limits).
+  static std::size_t worst_case_bytes(int qps);
+
+  TransportKind kind() const override { return TransportKind::kVerbs; }
+  // The address is VerbsAddress::encode(): GID, MTU, PSN and the queue pair numbers.
+  std::vector<uint8_t> local_address() const override { return queue_pairs().encode(); }
+  // Moves every queue pair to RTR and RTS against the peer's and starts completion handling.
+  Status connect(std::span<const uint8_t> remote) override;
 
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   PostResult post(OpState* op) override;
@@ -79,9 +85,9 @@ class VerbsChannel final : public Channel,
   bool closed() const override { return closing_.load(); }
   // The NIC serves the peer's accesses without holding the region: ibv_dereg_mr ends them.
   void cut_off(const uint8_t*, uint64_t, const Status&) override {}
-  bool fully_closed() const { return quiesced_.load(); }
-  // Destroys the queue pairs on the calling thread; only once the reactor has stopped.
-  void stop_after_reactor();
+  bool quiesced() const override { return quiesced_.load(); }
+  // Stops the queue pairs on the calling thread; only once the reactor has stopped.
+  void stop_after_reactor() override;
 
   void on_event(uint32_t events) override;
   // ProgressSource: polls the send completion queue unless another thread is polling it.
@@ -106,6 +112,7 @@ class VerbsChannel final : public Channel,
   VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<PeerLink> link,
                std::function<void(const Status&)> on_closed);
   Status init(int qps);
+  VerbsAddress queue_pairs() const;
   // Queues `op` behind the lane's waiting ops (lane.mu held); its slices go as credits allow.
   void append_locked(Lane& lane, int index, OpState* op);
   void pump_locked(Lane& lane, int index);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,8 @@ struct VerbsOptions {
   std::string device;  // empty: the first device with an active port and a usable GID
   int gid_index = -1;  // -1: choose (routable RoCE v2 first)
   int qps_per_peer = 2;
+  std::chrono::nanoseconds busy_poll{0};  // Config::busy_poll
+  bool zero_copy_receives = false;        // Config::zero_copy_receives
 };
 
 class VerbsDevice final : public Transport {
@@ -30,6 +33,7 @@ class VerbsDevice final : public Transport {
   Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
                          uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) override;
   void deregister_region(uint32_t region_id) override;
+  Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
 
   // The local key of a registered region, for scatter/gather entries; 0 if unknown.
   uint32_t lkey(uint32_t region_id) const;

@@ -1,0 +1,119 @@
+// Engine settings (Config): a vocabulary header, so that transports read their own settings
+// from it without depending on the rest of the public API.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/types.hpp"
+
+namespace ferry {
+
+using Clock = std::chrono::steady_clock;
+using Duration = std::chrono::nanoseconds;
+
+// Verbs first where a device is usable, then TCP.
+inline std::vector<TransportKind> default_transports() {
+  std::vector<TransportKind> t;
+  t.push_back(TransportKind::kVerbs);
+  t.push_back(TransportKind::kTcp);
+  return t;
+}
+
+struct Config {
+  // Accept connecting peers. An engine that only initiates can set false: it opens no port
+  // (address() is then empty), and each peer it connects to still uses its connection both
+  // ways (either side may start operations).
+  bool listen = true;
+  // Address and port to accept peers on; port 0 picks a free one (see Engine::address()).
+  // The default accepts peers on this host only; "0.0.0.0" (or "::") accepts them on every
+  // interface. An open listener grants nothing by itself: every access needs a region's
+  // descriptor (its key), and with `secret` set only peers that prove it get past the handshake.
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 0;
+  // Transports this engine may use, best first. A peer gets a channel on each one that both
+  // sides offer and can use here; its operations and messages go over the first of them in the
+  // accepting side's order. Those that cannot be used on this host are skipped (an explicitly
+  // named device that fails is an error); at least one must remain.
+  std::vector<TransportKind> transports = default_transports();
+  // Verbs: device name (empty: the first with an active port; an unknown name is an error),
+  // GID index (-1: the routable RoCE v2 GID), and queue pairs per peer.
+  std::string rdma_device{};
+  int rdma_gid_index = -1;
+  int verbs_qps = 2;
+  // Threads that drive sockets and completions.
+  int progress_threads = 1;
+  // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).
+  std::string secret{};
+  // Stable engine id; 0 picks a random one. The incarnation is always new per Engine.
+  uint64_t engine_id = 0;
+
+  // Speed settings; docs/performance.md has the measurements behind each default.
+  // Sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained nothing more.
+  int tcp_streams = 2;
+  // Large transfers are cut into slices of this size; 1-4 MiB were equal, 256 KiB ~10% slower.
+  std::size_t slice_bytes = 1 << 20;
+  // Operations above this are spread over all sockets; smaller ones stay on one, in turn.
+  std::size_t stripe_threshold = 1 << 20;
+  // Unacknowledged slices per socket: bounds the target's response queue.
+  int slices_in_flight_per_stream = 64;
+  // A TCP send() above this is announced first and its bytes sent once the receiver's receive
+  // takes it, straight into that receive: the receiver buffers no message larger than this.
+  // Smaller ones go at once (buffered if no receive waits). The announcement costs a round
+  // trip: on loopback, announced messages reached 0.65x the eager bandwidth at 256 KiB, 0.75x
+  // at 1 MiB, 0.9-1x at 4 MiB (docs/performance.md).
+  std::size_t tcp_eager_bytes = 1 << 20;
+  // Progress threads spin this long after work before sleeping (over verbs: keep polling the
+  // completion queue). 0 on few-core hosts: on 2 cores 50 us tripled the 8-byte write latency
+  // (spinning threads starve the ones with work).
+  Duration busy_poll = std::chrono::microseconds(0);
+  // Future::wait spins this long before sleeping (over verbs polling the completion queue),
+  // saving a thread wake-up on small operations: 8-byte write p50 on TCP loopback was 43 us
+  // with 0-20 us, 32 us with 50 us; 200 us only raised p99.
+  Duration wait_spin = std::chrono::microseconds(50);
+
+  // A peer silent for this long is declared lost and its operations fail with kPeerLost.
+  Duration peer_timeout = std::chrono::seconds(10);
+  // Region::deregister() waits for the accesses in progress; after this long, the peers whose
+  // accesses (or whose part in our operations on the region) still hold it are closed, their
+  // operations failing with kRevoked, so no peer can hold a deregistration longer.
+  Duration revoke_timeout = std::chrono::seconds(5);
+  Duration connect_timeout = std::chrono::seconds(10);
+  // write_with_imm notifications waiting for next_imm(), per peer and in all. A peer whose
+  // notification finds either full is closed with kResourceExhausted (its operations fail):
+  // the application is not taking them, and they must not be dropped silently.
+  std::size_t max_queued_imms = 1 << 16;
+  std::size_t max_queued_imms_total = 1 << 20;
+  // Unmatched incoming send() messages (no receive posted yet) are buffered within three limits;
+  // a message over any of them is refused: its sender's send() fails with kResourceExhausted,
+  // and nothing else changes for that peer or any other. Bytes per peer; each message counts
+  // 128 bytes more than its length (its bookkeeping), so empty messages are not free.
+  std::size_t max_unexpected_bytes = 64 << 20;
+  // Messages per peer, however small.
+  std::size_t max_unexpected_messages = 4096;
+  // Bytes for all peers of the engine together (counted as max_unexpected_bytes is), so that
+  // many peers each within their own limit cannot exhaust the host's memory.
+  std::size_t max_unexpected_bytes_total = std::size_t{256} << 20;
+
+  // Limits on what connecting peers can make this engine hold (docs/architecture.md, "Limits",
+  // has the worst case per peer and per engine). A connection over a limit is refused with
+  // kResourceExhausted; the peers already admitted see no difference.
+  // Connected peers, both those that connected to us and those we connected to.
+  std::size_t max_peers = 1024;
+  // Connections still handshaking (a peer's control connection before it is admitted, each
+  // of its data streams before it joins). When full, the oldest handshake of the source address
+  // with the most pending is dropped for a new one, so one flooding host cannot lock others out.
+  std::size_t max_handshakes = 256;
+  // Handshakes pending from one source address; more are refused at once.
+  int max_handshakes_per_source = 32;
+  // Over verbs, a large message may be written by the sender straight into a posted receive
+  // whose region grants remote write (no copy). Off by default: the sending peer then learns
+  // that region's key and could write anywhere in it until it is deregistered, as a peer given
+  // its descriptor could. Otherwise such messages are sent in pieces and copied.
+  bool zero_copy_receives = false;
+};
+
+}  // namespace ferry

@@ -1,0 +1,62 @@
+// The channels of one peer: one per transport both sides chose, in the accepting side's order.
+// Filled while the handshake sets the peer up, before any other thread can see it, and never
+// changed after; so it is read without a lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "transport/contract.hpp"
+
+namespace ferry::detail {
+
+class ChannelSet {
+ public:
+  // The most transports a peer may offer (engine/handshake.cpp).
+  static constexpr std::size_t kMax = 8;
+
+  void add(std::shared_ptr<transport::Channel> channel) {
+    slots_.at(count_++) = std::move(channel);
+  }
+  std::span<const std::shared_ptr<transport::Channel>> all() const {
+    return {slots_.data(), count_};
+  }
+  bool empty() const { return count_ == 0; }
+  // The channel operations and messages go over: the first one.
+  transport::Channel& primary() const { return *slots_[0]; }
+  transport::Channel* find(TransportKind kind) const {
+    for (const auto& c : all()) {
+      if (c->kind() == kind) return c.get();
+    }
+    return nullptr;
+  }
+  int side_connections() const {
+    int n = 0;
+    for (const auto& c : all()) n += c->side_connections();
+    return n;
+  }
+  // The primary channel, which carries the operations, first: theirs is the reason they fail.
+  void close(const Status& reason) const {
+    for (const auto& c : all()) c->close(reason);
+  }
+  bool quiesced() const {
+    for (const auto& c : all()) {
+      if (!c->quiesced()) return false;
+    }
+    return true;
+  }
+  void stop_after_reactor() const {
+    for (const auto& c : all()) c->stop_after_reactor();
+  }
+  void cut_off(const uint8_t* base, uint64_t length, const Status& why) const {
+    for (const auto& c : all()) c->cut_off(base, length, why);
+  }
+
+ private:
+  std::array<std::shared_ptr<transport::Channel>, kMax> slots_{};
+  std::size_t count_ = 0;
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,62 @@
+// The verbs transport's line in the registry (transports.def).
+#include <algorithm>
+
+#include "transport/registry.hpp"
+#include "transport/verbs/devices.hpp"
+#include "transport/verbs/verbs_api.hpp"
+#include "transport/verbs/verbs_channel.hpp"
+#include "transport/verbs/verbs_device.hpp"
+
+namespace ferry::transport {
+namespace {
+
+std::unique_ptr<Transport> open(const Config& config, std::string& why) {
+  if (config.verbs_qps < 1 || config.verbs_qps > static_cast<int>(verbs::VerbsAddress::kMaxQps)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "config: verbs_qps must be 1.." + std::to_string(verbs::VerbsAddress::kMaxQps));
+  }
+  verbs::VerbsOptions options{config.rdma_device, config.rdma_gid_index, config.verbs_qps,
+                              config.busy_poll, config.zero_copy_receives};
+  auto device = verbs::VerbsDevice::open(options, why);
+  if (!device && (!config.rdma_device.empty() || config.rdma_gid_index >= 0)) {
+    // Asked for by name or index: never fall back silently.
+    throw Error(ErrorCode::kUnsupported, "verbs: " + why);
+  }
+  return device;
+}
+
+TransportInfo describe() {
+  TransportInfo info{TransportKind::kVerbs, false, {}, {}};
+  std::string why;
+  const auto* api = verbs::VerbsApi::get(&why);
+  if (api == nullptr) {
+    info.detail = why;
+    return info;
+  }
+  auto devices = verbs::discover(*api, why);
+  for (const auto& d : devices) {
+    for (const auto& p : d.ports) info.devices.push_back(verbs::describe(d, p));
+  }
+  info.usable = std::any_of(devices.begin(), devices.end(), [](const auto& d) {
+    return std::any_of(d.ports.begin(), d.ports.end(),
+                       [](const auto& p) { return verbs::usable(p); });
+  });
+  info.detail = devices.empty() ? why
+                : info.usable   ? "RC queue pairs: write, read, write_with_imm, send/recv"
+                                : "no device has an active port with a usable gid";
+  return info;
+}
+
+std::size_t worst_case_channel_bytes(const Config& config) {
+  return verbs::VerbsChannel::worst_case_bytes(config.verbs_qps);
+}
+
+}  // namespace
+
+const TransportEntry& verbs_entry() {
+  static const TransportEntry entry{TransportKind::kVerbs, "verbs", open, describe,
+                                    worst_case_channel_bytes};
+  return entry;
+}
+
+}  // namespace ferry::transport
