@@ -13,8 +13,11 @@
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 #include "transport/verbs/verbs_channel.hpp"
 #include "transport/verbs/verbs_message.hpp"
+
+namespace tcp = ferry::transport::tcp;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -23,7 +26,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
-        if (ferry::core::decode_header(body.data(), h).ok()) (void)ferry::core::payload_length(h);
+        if (ferry::core::decode_header(body.data(), h).ok() && !ferry::core::is_control(h.type) &&
+            tcp::check_data_header(h).ok()) {
+          (void)tcp::payload_length(h);
+        }
       }
       break;
     case 10: {
@@ -31,19 +37,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       // decodes, exactly the table it announces, into room for the most entries allowed.
       if (body.size() < ferry::core::kFrameHeaderSize) break;
       ferry::core::FrameHeader h;
-      if (!ferry::core::decode_header(body.data(), h).ok()) break;
+      if (!ferry::core::decode_header(body.data(), h).ok() || ferry::core::is_control(h.type) ||
+          !tcp::check_data_header(h).ok()) {
+        break;
+      }
       std::span<const uint8_t> rest = body.subspan(ferry::core::kFrameHeaderSize);
-      std::size_t table = std::size_t{h.region_id} * ferry::core::kGroupEntrySize;
-      ferry::core::GroupEntry entries[ferry::core::kMaxGroupEntries];
+      std::size_t table = std::size_t{h.region_id} * tcp::kGroupEntrySize;
+      tcp::GroupEntry entries[tcp::kMaxGroupEntries];
       uint64_t total = 0;
       // The announced count as the decoder must bound it, and the table's bytes as they came.
-      if (ferry::core::decode_group_table(rest.data(), std::min(table, rest.size()), h.region_id,
-                                          entries, total)
+      if (tcp::decode_group_table(rest.data(), std::min(table, rest.size()), h.region_id, entries,
+                                  total)
               .ok()) {
-        if (h.region_id == 0 || h.region_id > ferry::core::kMaxGroupEntries) __builtin_trap();
-        uint8_t again[ferry::core::kGroupEntrySize];
+        if (h.region_id == 0 || h.region_id > tcp::kMaxGroupEntries) __builtin_trap();
+        uint8_t again[tcp::kGroupEntrySize];
         for (uint32_t i = 0; i < h.region_id; ++i) {
-          ferry::core::encode_group_entry(entries[i], again);
+          tcp::encode_group_entry(entries[i], again);
           if (std::memcmp(again, rest.data() + i * sizeof again, sizeof again) != 0)
             __builtin_trap();
         }

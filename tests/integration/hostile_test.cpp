@@ -19,9 +19,12 @@
 #include "core/crypto.hpp"
 #include "support/pair.hpp"
 #include "support/raw_client.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry::test {
 namespace {
+
+namespace tcp = transport::tcp;
 
 // Stands for another host: the listener is on 127.0.0.1, the hostile clients come from here.
 const std::string kOtherHost = "127.0.0.2";
@@ -300,7 +303,7 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   // one segment: the stream handles all it received before it flushes the first ack, so once
   // that ack is here the second write holds the region.
   core::FrameHeader w;
-  w.type = core::FrameType::kWrite;
+  w.type = tcp::TcpFrame::kWrite;
   w.region_id = d.region_id;
   std::memcpy(&w.key, d.key_for(TransportKind::kTcp)->bytes, sizeof w.key);
   w.length = 8;
@@ -314,7 +317,7 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   core::FrameHeader ack;
   std::vector<uint8_t> text;
   ASSERT_TRUE(raw.stream->read(ack, text).ok());
-  ASSERT_EQ(ack.type, core::FrameType::kWriteAck);
+  ASSERT_EQ(ack.type, tcp::TcpFrame::kWriteAck);
   ASSERT_EQ(ack.op_id, 1u);
   region.deregister();  // returns once the stalled peer is cut off
   EXPECT_TRUE(eventually([&] { return !accepted->connected(); }));
@@ -374,8 +377,8 @@ TEST(Hostile, UnfinishedNotificationsPastTheLimitDropThePeerNotTheNotification) 
   frames.reserve(kOps * (core::kFrameHeaderSize + 1));
   for (int i = 0; i < kOps; ++i) {
     core::FrameHeader w;
-    w.type = core::FrameType::kWrite;
-    w.flags = core::kFlagImm | core::kFlagLastOnStream;
+    w.type = tcp::TcpFrame::kWrite;
+    w.flags = tcp::kFlagImm | tcp::kFlagLastOnStream;
     w.region_id = d.region_id;
     std::memcpy(&w.key, d.key_for(TransportKind::kTcp)->bytes, sizeof w.key);
     w.length = 1;

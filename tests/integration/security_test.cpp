@@ -10,9 +10,12 @@
 #include "engine/handshake.hpp"
 #include "support/pair.hpp"
 #include "support/raw_client.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry::test {
 namespace {
+
+namespace tcp = transport::tcp;
 
 Config with_secret(const std::string& secret) {
   Config c = test_config();
@@ -106,7 +109,7 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
 
   // An ack for an operation the server never started is a protocol violation.
   core::FrameHeader bogus;
-  bogus.type = core::FrameType::kWriteAck;
+  bogus.type = tcp::TcpFrame::kWriteAck;
   bogus.op_id = 12345;
   std::vector<uint8_t> frame(core::kFrameHeaderSize);
   core::encode_header(bogus, frame.data());
@@ -140,16 +143,16 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
   auto peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
 
-  auto group = [&](core::FrameType type, const std::vector<core::GroupEntry>& entries,
+  auto group = [&](core::FrameType type, const std::vector<tcp::GroupEntry>& entries,
                    const std::vector<uint8_t>& data, uint32_t length_delta = 0) {
     core::FrameHeader g;
     g.type = type;
     g.op_id = 77;
     g.region_id = static_cast<uint32_t>(entries.size());
-    std::vector<uint8_t> frame(core::kFrameHeaderSize + entries.size() * core::kGroupEntrySize);
+    std::vector<uint8_t> frame(core::kFrameHeaderSize + entries.size() * tcp::kGroupEntrySize);
     for (std::size_t i = 0; i < entries.size(); ++i) {
-      core::encode_group_entry(entries[i],
-                               frame.data() + core::kFrameHeaderSize + i * core::kGroupEntrySize);
+      tcp::encode_group_entry(entries[i],
+                              frame.data() + core::kFrameHeaderSize + i * tcp::kGroupEntrySize);
     }
     frame.insert(frame.end(), data.begin(), data.end());
     g.length = static_cast<uint32_t>(frame.size() - core::kFrameHeaderSize) + length_delta;
@@ -157,12 +160,12 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
     return frame;
   };
   // Entry index 7 runs past the region (into memory the engine never granted).
-  std::vector<core::GroupEntry> entries = {
+  std::vector<tcp::GroupEntry> entries = {
       {d.region_id, 4, key, 100, 5}, {d.region_id, 4, key, 4094, 7}, {d.region_id, 4, key, 200, 9}};
-  stream.send(group(core::FrameType::kWriteGroup, entries,
+  stream.send(group(tcp::TcpFrame::kWriteGroup, entries,
                     {'a', 'a', 'a', 'a', 'b', 'b', 'b', 'b', 'c', 'c', 'c', 'c'}));
   ASSERT_TRUE(stream.read(h, body).ok());
-  EXPECT_EQ(h.type, core::FrameType::kWriteAck);
+  EXPECT_EQ(h.type, tcp::TcpFrame::kWriteAck);
   EXPECT_EQ(h.aux32, 3u);
   EXPECT_EQ(h.status, static_cast<uint16_t>(ErrorCode::kOutOfBounds));
   std::string text(body.begin(), body.end());
@@ -173,14 +176,14 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
   }
 
   // Reads: the records echoed, then the bytes; a refused entry refuses the group and is named.
-  stream.send(group(core::FrameType::kReadGroupReq, {entries[2], entries[0]}, {}));
+  stream.send(group(tcp::TcpFrame::kReadGroupReq, {entries[2], entries[0]}, {}));
   ASSERT_TRUE(stream.read(h, body).ok());
-  EXPECT_EQ(h.type, core::FrameType::kReadGroupData);
+  EXPECT_EQ(h.type, tcp::TcpFrame::kReadGroupData);
   EXPECT_EQ(h.status, 0);
   EXPECT_EQ(h.region_id, 2u);
-  ASSERT_EQ(body.size(), 2 * core::kGroupEntrySize + 8);
+  ASSERT_EQ(body.size(), 2 * tcp::kGroupEntrySize + 8);
   EXPECT_EQ(std::string(body.end() - 8, body.end()), "ccccaaaa");
-  stream.send(group(core::FrameType::kReadGroupReq, entries, {}));
+  stream.send(group(tcp::TcpFrame::kReadGroupReq, entries, {}));
   ASSERT_TRUE(stream.read(h, body).ok());
   EXPECT_EQ(h.status, static_cast<uint16_t>(ErrorCode::kOutOfBounds));
   text.assign(body.begin(), body.end());
@@ -188,8 +191,8 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
 
   // Lengths that do not add up to the frame: a protocol error, the peer is dropped, and not a
   // byte of the group is written.
-  std::vector<core::GroupEntry> bad = {{d.region_id, 4, key, 300, 0}};
-  stream.send(group(core::FrameType::kWriteGroup, bad, {'x', 'x', 'x', 'x', 'y', 'y'}));
+  std::vector<tcp::GroupEntry> bad = {{d.region_id, 4, key, 300, 0}};
+  stream.send(group(tcp::TcpFrame::kWriteGroup, bad, {'x', 'x', 'x', 'x', 'y', 'y'}));
   auto deadline = Clock::now() + kWait;
   while (peer->connected() && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

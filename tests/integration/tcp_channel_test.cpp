@@ -16,9 +16,12 @@
 #include "core/reactor.hpp"
 #include "support/pair.hpp"
 #include "transport/contract.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry::test {
 namespace {
+
+namespace tcp = transport::tcp;
 
 using transport::Matcher;
 using transport::tcp::TcpChannel;
@@ -71,7 +74,7 @@ class Channel : public ::testing::Test {
   }
   static core::FrameHeader message(uint64_t tag, uint32_t length) {
     core::FrameHeader h;
-    h.type = core::FrameType::kSend;
+    h.type = tcp::TcpFrame::kSend;
     h.op_id = 99;
     h.key = tag;
     h.length = length;
@@ -83,7 +86,7 @@ class Channel : public ::testing::Test {
     core::FrameHeader h;
     EXPECT_TRUE(core::read_all(peer.get(), raw, Clock::now() + kWait).ok());
     EXPECT_TRUE(core::decode_header(raw, h).ok());
-    std::vector<uint8_t> body(core::payload_length(h));
+    std::vector<uint8_t> body(tcp::payload_length(h));
     EXPECT_TRUE(core::read_all(peer.get(), body, Clock::now() + kWait).ok());
     return h;
   }
@@ -132,7 +135,7 @@ TEST_F(Channel, AGrowingMessageBufferKeepsEveryByte) {
     send(std::vector<uint8_t>(payload.begin() + at, payload.begin() + at + n));
   }
   core::FrameHeader ack = read_frame();
-  EXPECT_EQ(ack.type, core::FrameType::kSendAck);
+  EXPECT_EQ(ack.type, tcp::TcpFrame::kSendAck);
   EXPECT_EQ(ack.status, 0);
   EXPECT_EQ(link->matcher.usage().messages, 1u);
   std::vector<uint8_t> got(kLength + 10);
@@ -159,7 +162,7 @@ TEST_F(Channel, TheStagingBufferStartsSmallAndGrowsWithUse) {
     burst.insert(burst.end(), f.begin(), f.end());
   }
   send(burst);
-  for (int i = 0; i < kFrames; ++i) ASSERT_EQ(read_frame().type, core::FrameType::kSendAck);
+  for (int i = 0; i < kFrames; ++i) ASSERT_EQ(read_frame().type, tcp::TcpFrame::kSendAck);
   std::size_t grown = channel->usage().at(0).receive_buffer;
   EXPECT_GT(grown, first);
   EXPECT_LE(grown, std::size_t{256} << 10);
@@ -177,7 +180,7 @@ TEST_F(Channel, APeerThatDoesNotReadItsAnswersIsNotReadEither) {
   std::vector<uint8_t> requests;
   for (int i = 0; i < kRequests; ++i) {
     core::FrameHeader h;
-    h.type = core::FrameType::kReadReq;
+    h.type = tcp::TcpFrame::kReadReq;
     h.op_id = static_cast<uint64_t>(i);
     h.region_id = id;
     h.key = 55;
@@ -193,7 +196,7 @@ TEST_F(Channel, APeerThatDoesNotReadItsAnswersIsNotReadEither) {
 
   for (int i = 0; i < kRequests; ++i) {
     core::FrameHeader h = read_frame();
-    ASSERT_EQ(h.type, core::FrameType::kReadData);
+    ASSERT_EQ(h.type, tcp::TcpFrame::kReadData);
     ASSERT_EQ(h.status, 0);
     ASSERT_EQ(h.op_id, static_cast<uint64_t>(i)) << "in order, none lost";
   }
@@ -216,15 +219,15 @@ TEST_F(Channel, APeerThatDoesNotReadItsGroupAnswersIsNotReadEither) {
   std::vector<uint8_t> requests;
   for (int i = 0; i < kRequests; ++i) {
     core::FrameHeader h;
-    h.type = core::FrameType::kReadGroupReq;
+    h.type = tcp::TcpFrame::kReadGroupReq;
     h.op_id = static_cast<uint64_t>(i);
     h.region_id = kEntries;
-    h.length = kEntries * core::kGroupEntrySize;
+    h.length = kEntries * tcp::kGroupEntrySize;
     std::vector<uint8_t> f = frame(h);
     f.resize(core::kFrameHeaderSize + h.length);
     for (uint32_t e = 0; e < kEntries; ++e) {
-      core::encode_group_entry({id, kEntry, 56, e * kEntry, e},
-                               f.data() + core::kFrameHeaderSize + e * core::kGroupEntrySize);
+      tcp::encode_group_entry({id, kEntry, 56, e * kEntry, e},
+                              f.data() + core::kFrameHeaderSize + e * tcp::kGroupEntrySize);
     }
     requests.insert(requests.end(), f.begin(), f.end());
   }
@@ -236,7 +239,7 @@ TEST_F(Channel, APeerThatDoesNotReadItsGroupAnswersIsNotReadEither) {
 
   for (int i = 0; i < kRequests; ++i) {
     core::FrameHeader h = read_frame();
-    ASSERT_EQ(h.type, core::FrameType::kReadGroupData);
+    ASSERT_EQ(h.type, tcp::TcpFrame::kReadGroupData);
     ASSERT_EQ(h.status, 0);
     ASSERT_EQ(h.region_id, kEntries);
     ASSERT_EQ(h.op_id, static_cast<uint64_t>(i)) << "in order, none lost";
@@ -258,7 +261,7 @@ TEST_F(Channel, FramesBeyondThePerWakeBudgetAreHandledToo) {
   std::vector<uint8_t> burst;
   for (int i = 0; i < kWrites; ++i) {
     core::FrameHeader h;
-    h.type = core::FrameType::kWrite;
+    h.type = tcp::TcpFrame::kWrite;
     h.op_id = static_cast<uint64_t>(i);
     h.region_id = id;
     h.key = 56;
@@ -278,7 +281,7 @@ TEST_F(Channel, FramesBeyondThePerWakeBudgetAreHandledToo) {
   release.set_value();
   for (int i = 0; i < kWrites; ++i) {
     core::FrameHeader h = read_frame();
-    ASSERT_EQ(h.type, core::FrameType::kWriteAck);
+    ASSERT_EQ(h.type, tcp::TcpFrame::kWriteAck);
     ASSERT_EQ(h.status, 0);
     ASSERT_EQ(h.op_id, static_cast<uint64_t>(i));
   }

@@ -6,9 +6,12 @@
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry {
 namespace {
+
+namespace tcp = transport::tcp;
 
 using core::FrameHeader;
 using core::FrameType;
@@ -33,8 +36,8 @@ TEST(Base64, RejectsBadCharactersAndDanglingBits) {
 
 TEST(FrameHeader, RoundTrips) {
   FrameHeader h;
-  h.type = FrameType::kWrite;
-  h.flags = core::kFlagImm | core::kFlagLastOnStream;
+  h.type = tcp::TcpFrame::kWrite;
+  h.flags = tcp::kFlagImm | tcp::kFlagLastOnStream;
   h.region_id = 0xdeadbeef;
   h.length = 1 << 20;
   h.aux32 = 77;
@@ -55,19 +58,30 @@ TEST(FrameHeader, RoundTrips) {
   EXPECT_EQ(back.key, h.key);
   EXPECT_EQ(back.offset, h.offset);
   EXPECT_EQ(back.aux64, h.aux64);
-  EXPECT_EQ(core::payload_length(back), h.length);
+  EXPECT_EQ(tcp::payload_length(back), h.length);
+}
+
+// A header as a TCP stream takes it: the core's checks, then TCP's for a data frame.
+Status decode_as_stream(const uint8_t* raw, FrameHeader& out) {
+  FrameHeader h;
+  if (Status s = core::decode_header(raw, h); !s.ok()) return s;
+  if (!core::is_control(h.type)) {
+    if (Status s = tcp::check_data_header(h); !s.ok()) return s;
+  }
+  out = h;
+  return {};
 }
 
 Status decode_modified(void (*change)(FrameHeader&), int raw_byte = -1, uint8_t raw_value = 0) {
   FrameHeader h;
-  h.type = FrameType::kWriteAck;
+  h.type = tcp::TcpFrame::kWriteAck;
   change(h);
   uint8_t raw[core::kFrameHeaderSize];
   core::encode_header(h, raw);
   if (raw_byte >= 0) raw[raw_byte] = raw_value;
   FrameHeader out;
   out.op_id = 42;
-  Status s = core::decode_header(raw, out);
+  Status s = decode_as_stream(raw, out);
   if (!s.ok()) {
     EXPECT_EQ(out.op_id, 42u) << "a rejected decode must not change its output";
   }
@@ -80,7 +94,18 @@ TEST(FrameHeader, RejectsMalformedHeaders) {
   EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);   // type 0
   EXPECT_EQ(decode_modified(same, 0, 12).code(), ErrorCode::kProtocol);  // gap in types
   EXPECT_EQ(decode_modified(same, 0, 200).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = core::kFlagImm; }).code(),
+  EXPECT_EQ(decode_modified(same, 0, 30).code(), ErrorCode::kProtocol);  // a data type not TCP's
+  // The core passes a data type it does not know to the transport, and refuses flags on
+  // control frames.
+  uint8_t foreign[core::kFrameHeaderSize] = {30};
+  FrameHeader h;
+  EXPECT_TRUE(core::decode_header(foreign, h).ok());
+  EXPECT_EQ(decode_modified([](FrameHeader& f) {
+              f.type = FrameType::kPing;
+              f.flags = 1;
+            }).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(decode_modified([](FrameHeader& h) { h.flags = tcp::kFlagImm; }).code(),
             ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) { h.status = 999; }).code(), ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) { h.length = 5; }).code(), ErrorCode::kProtocol);
@@ -91,7 +116,7 @@ TEST(FrameHeader, RejectsMalformedHeaders) {
             ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified([](FrameHeader& h) {
               h.status = static_cast<uint16_t>(ErrorCode::kOutOfBounds);
-              h.length = core::kMaxErrorText + 1;
+              h.length = tcp::kMaxErrorText + 1;
             }).code(),
             ErrorCode::kProtocol);
 }
@@ -105,23 +130,26 @@ Status decode_group(FrameType type, uint32_t n, uint32_t length, uint16_t status
   uint8_t raw[core::kFrameHeaderSize];
   core::encode_header(h, raw);
   FrameHeader out;
-  return core::decode_header(raw, out);
+  return decode_as_stream(raw, out);
 }
 
 TEST(FrameHeader, GroupFramesAnnounceABoundedTableTheyCanHold) {
-  constexpr uint32_t kRec = core::kGroupEntrySize;
-  EXPECT_TRUE(decode_group(FrameType::kWriteGroup, 2, 2 * kRec + 100).ok());
-  EXPECT_TRUE(decode_group(FrameType::kWriteGroup, 256, 256 * kRec).ok());
-  EXPECT_TRUE(decode_group(FrameType::kReadGroupReq, 3, 3 * kRec).ok());
-  EXPECT_TRUE(decode_group(FrameType::kReadGroupData, 3, 3 * kRec + 7).ok());
-  EXPECT_TRUE(decode_group(FrameType::kReadGroupData, 3, 10, 5).ok());  // error text
-  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 0, 0).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 257, 257 * kRec).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kWriteGroup, 2, 2 * kRec - 1).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kReadGroupReq, 2, 2 * kRec + 1).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kReadGroupReq, 2, 2 * kRec, 5).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kReadGroupData, 2, 2 * kRec - 1).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(decode_group(FrameType::kReadGroupData, 2, core::kMaxErrorText + 1, 5).code(),
+  constexpr uint32_t kRec = tcp::kGroupEntrySize;
+  EXPECT_TRUE(decode_group(tcp::TcpFrame::kWriteGroup, 2, 2 * kRec + 100).ok());
+  EXPECT_TRUE(decode_group(tcp::TcpFrame::kWriteGroup, 256, 256 * kRec).ok());
+  EXPECT_TRUE(decode_group(tcp::TcpFrame::kReadGroupReq, 3, 3 * kRec).ok());
+  EXPECT_TRUE(decode_group(tcp::TcpFrame::kReadGroupData, 3, 3 * kRec + 7).ok());
+  EXPECT_TRUE(decode_group(tcp::TcpFrame::kReadGroupData, 3, 10, 5).ok());  // error text
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kWriteGroup, 0, 0).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kWriteGroup, 257, 257 * kRec).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kWriteGroup, 2, 2 * kRec - 1).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kReadGroupReq, 2, 2 * kRec + 1).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kReadGroupReq, 2, 2 * kRec, 5).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kReadGroupData, 2, 2 * kRec - 1).code(),
+            ErrorCode::kProtocol);
+  EXPECT_EQ(decode_group(tcp::TcpFrame::kReadGroupData, 2, tcp::kMaxErrorText + 1, 5).code(),
             ErrorCode::kProtocol);
   // WRITE_ACK counts at most a group's entries.
   EXPECT_TRUE(decode_modified([](FrameHeader& h) { h.aux32 = 256; }).ok());
@@ -129,27 +157,27 @@ TEST(FrameHeader, GroupFramesAnnounceABoundedTableTheyCanHold) {
 }
 
 TEST(FrameHeader, GroupTableRoundTripsAndRejectsDamage) {
-  core::GroupEntry in[2] = {{7, 4096, 0x1122334455667788ull, 1ull << 40, 9},
-                            {8, 0, 1, 2, 0xFFFFFFFFu}};
-  uint8_t raw[2 * core::kGroupEntrySize];
-  core::encode_group_entry(in[0], raw);
-  core::encode_group_entry(in[1], raw + core::kGroupEntrySize);
-  core::GroupEntry out[2];
+  tcp::GroupEntry in[2] = {{7, 4096, 0x1122334455667788ull, 1ull << 40, 9},
+                           {8, 0, 1, 2, 0xFFFFFFFFu}};
+  uint8_t raw[2 * tcp::kGroupEntrySize];
+  tcp::encode_group_entry(in[0], raw);
+  tcp::encode_group_entry(in[1], raw + tcp::kGroupEntrySize);
+  tcp::GroupEntry out[2];
   uint64_t total = 0;
-  ASSERT_TRUE(core::decode_group_table(raw, sizeof raw, 2, out, total).ok());
+  ASSERT_TRUE(tcp::decode_group_table(raw, sizeof raw, 2, out, total).ok());
   EXPECT_EQ(total, 4096u);
   EXPECT_EQ(out[0].region_id, 7u);
   EXPECT_EQ(out[0].key, 0x1122334455667788ull);
   EXPECT_EQ(out[0].offset, 1ull << 40);
   EXPECT_EQ(out[0].index, 9u);
   EXPECT_EQ(out[1].index, 0xFFFFFFFFu);
-  EXPECT_EQ(core::decode_group_table(raw, sizeof raw - 1, 2, out, total).code(),
+  EXPECT_EQ(tcp::decode_group_table(raw, sizeof raw - 1, 2, out, total).code(),
             ErrorCode::kProtocol);
-  EXPECT_EQ(core::decode_group_table(raw, sizeof raw, 3, out, total).code(), ErrorCode::kProtocol);
-  EXPECT_EQ(core::decode_group_table(raw, 0, 0, out, total).code(), ErrorCode::kProtocol);
-  raw[core::kGroupEntrySize + 30] = 1;  // reserved
+  EXPECT_EQ(tcp::decode_group_table(raw, sizeof raw, 3, out, total).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(tcp::decode_group_table(raw, 0, 0, out, total).code(), ErrorCode::kProtocol);
+  raw[tcp::kGroupEntrySize + 30] = 1;  // reserved
   out[1].index = 5;
-  EXPECT_EQ(core::decode_group_table(raw, sizeof raw, 2, out, total).code(), ErrorCode::kProtocol);
+  EXPECT_EQ(tcp::decode_group_table(raw, sizeof raw, 2, out, total).code(), ErrorCode::kProtocol);
   EXPECT_EQ(out[1].index, 5u) << "a rejected table must not change the output";
 }
 

@@ -167,18 +167,16 @@ std::size_t TcpChannel::worst_case_bytes(const TcpOptions& options) {
       std::max(kMinResponseLimit,
                2 * static_cast<std::size_t>(std::max(options.slices_in_flight_per_stream, 1)));
   // The ring doubles past the limit once; each answer may carry an error text (a heap string).
-  std::size_t responses =
-      2 * std::bit_ceil(response_limit) * (sizeof(Response) + core::kMaxErrorText);
+  std::size_t responses = 2 * std::bit_ceil(response_limit) * (sizeof(Response) + kMaxErrorText);
   // A group frame's parts: received (table, decoded entries, destinations, region uses) and
   // sent or queued (table, pieces, leases), in each of the staged frames and queued answers.
   std::size_t group_in =
       kGroupTableBytes +
-      core::kMaxGroupEntries * (sizeof(core::GroupEntry) + sizeof(GroupDst) + sizeof(RegionUse));
+      kMaxGroupEntries * (sizeof(GroupEntry) + sizeof(GroupDst) + sizeof(RegionUse));
   constexpr std::size_t kLeaseBytes = sizeof(std::uintptr_t);  // a lease is a slot pointer
-  std::size_t group_out =
-      kGroupTableBytes + core::kMaxGroupEntries * (sizeof(Segment) + kLeaseBytes);
-  std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + core::kMaxErrorText + responses +
-                           kMaxStaged * core::kMaxErrorText + group_in +
+  std::size_t group_out = kGroupTableBytes + kMaxGroupEntries * (sizeof(Segment) + kLeaseBytes);
+  std::size_t per_stream = sizeof(Stream) + kRecvBufferBytes + kMaxErrorText + responses +
+                           kMaxStaged * kMaxErrorText + group_in +
                            (kMaxStaged + group_answers_allowed(options) + 1) * group_out;
   return sizeof(TcpChannel) + static_cast<std::size_t>(options.streams) * per_stream +
          kMaxImmInProgress * kImmProgressBytes;
@@ -334,7 +332,7 @@ void TcpChannel::Stream::stage_response_locked(Response& r) {
   } else {
     o.payload = r.payload;
   }
-  o.payload_length = core::payload_length(r.header);
+  o.payload_length = payload_length(r.header);
   o.wire = core::kFrameHeaderSize + o.payload_length;
   o.asks = 0;
   o.lease = r.lease;
@@ -375,18 +373,18 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane, std::size_t g
   Outbound& o = staged[(staged_head + staged_count) % kMaxStaged];
   o.table.reserve(kGroupTableBytes);
   o.table.clear();
-  o.segments.reserve(core::kMaxGroupEntries);
+  o.segments.reserve(kMaxGroupEntries);
   o.segments.clear();
   uint32_t n = 0;
   uint64_t bytes = 0;
-  while (c.remaining > 0 && n < core::kMaxGroupEntries) {
+  while (c.remaining > 0 && n < kMaxGroupEntries) {
     const OpEntry& e = op->entries[c.entry];
     uint64_t length = slice_at(*op, c);
     if (length > kMaxGroupedSlice || bytes + length > limit) break;
-    core::GroupEntry g{e.remote_region, static_cast<uint32_t>(length), e.remote_key,
-                       e.remote_offset + c.offset, c.entry};
-    o.table.resize(o.table.size() + core::kGroupEntrySize);
-    core::encode_group_entry(g, o.table.data() + o.table.size() - core::kGroupEntrySize);
+    GroupEntry g{e.remote_region, static_cast<uint32_t>(length), e.remote_key,
+                 e.remote_offset + c.offset, c.entry};
+    o.table.resize(o.table.size() + kGroupEntrySize);
+    encode_group_entry(g, o.table.data() + o.table.size() - kGroupEntrySize);
     if (write) o.segments.push_back({e.local + c.offset, length});
     bytes += length;
     ++n;
@@ -395,11 +393,11 @@ bool TcpChannel::Stream::stage_group_locked(OpState* op, int lane, std::size_t g
   }
   FrameHeader h;
   h.op_id = op->id.load(std::memory_order_relaxed);
-  h.type = write ? FrameType::kWriteGroup : FrameType::kReadGroupReq;
+  h.type = write ? TcpFrame::kWriteGroup : TcpFrame::kReadGroupReq;
   h.region_id = n;
   h.length = static_cast<uint32_t>(o.table.size() + (write ? bytes : 0));
   if (write && op->with_imm) {
-    h.flags = core::kFlagImm | (c.remaining == 0 ? core::kFlagLastOnStream : 0);
+    h.flags = kFlagImm | (c.remaining == 0 ? kFlagLastOnStream : 0);
     h.aux32 = op->imm;
     h.aux64 = static_cast<uint64_t>(op->lane_count);
   }
@@ -433,12 +431,12 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t g
   o.lease = nullptr;
   switch (op->kind) {
     case OpKind::kWrite:
-      h.type = FrameType::kWrite;
+      h.type = TcpFrame::kWrite;
       h.region_id = e.remote_region;
       h.key = e.remote_key;
       h.offset = e.remote_offset + c.offset;
       if (op->with_imm) {
-        h.flags = core::kFlagImm | (c.remaining == 1 ? core::kFlagLastOnStream : 0);
+        h.flags = kFlagImm | (c.remaining == 1 ? kFlagLastOnStream : 0);
         h.aux32 = op->imm;
         h.aux64 = static_cast<uint64_t>(op->lane_count);
       }
@@ -446,7 +444,7 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t g
       o.payload_length = length;
       break;
     case OpKind::kRead:
-      h.type = FrameType::kReadReq;
+      h.type = TcpFrame::kReadReq;
       h.region_id = e.remote_region;
       h.key = e.remote_key;
       h.offset = e.remote_offset + c.offset;
@@ -454,10 +452,10 @@ void TcpChannel::Stream::stage_slice_locked(OpState* op, int lane, std::size_t g
       h.aux64 = c.offset;
       break;
     case OpKind::kSend:
-      h.type = FrameType::kSend;
+      h.type = TcpFrame::kSend;
       h.key = op->tag;
       if (rendezvous(*op)) {  // the bytes follow the receiver's kSendCts, uncounted by credits
-        h.flags = core::kFlagAnnounce;
+        h.flags = kFlagAnnounce;
         ++credits;
         --outstanding;
         break;

@@ -28,7 +28,7 @@ void TcpChannel::Stream::respond(FrameHeader h, const Status& status, const uint
   Response r;
   h.status = static_cast<uint16_t>(status.code());
   if (!status.ok()) {
-    r.text = status.message().substr(0, core::kMaxErrorText);
+    r.text = status.message().substr(0, kMaxErrorText);
     h.length = 0;  // set from the text when staged
   }
   r.header = h;
@@ -92,16 +92,16 @@ Status TcpChannel::Stream::begin_frame() {
   frame_op = nullptr;
   frame_copied = 0;
   sink_grows = false;
-  uint64_t payload = core::payload_length(cur);
+  uint64_t payload = payload_length(cur);
   bool error_text = cur.status != 0 && payload > 0;
 
   group = false;
 
-  switch (cur.type) {
-    case FrameType::kWriteGroup:
-    case FrameType::kReadGroupReq:
+  switch (raw(cur.type)) {
+    case raw(TcpFrame::kWriteGroup):
+    case raw(TcpFrame::kReadGroupReq):
       return begin_group();
-    case FrameType::kReadGroupData: {
+    case raw(TcpFrame::kReadGroupData): {
       if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
       if (cur.region_id > frame_op->pending.load(std::memory_order_relaxed)) {
         return {ErrorCode::kProtocol, "read data for " + std::to_string(cur.region_id) +
@@ -115,7 +115,7 @@ Status TcpChannel::Stream::begin_frame() {
       }
       return begin_group();
     }
-    case FrameType::kWrite: {
+    case raw(TcpFrame::kWrite): {
       uint8_t* addr = nullptr;
       frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
                                                Access::kRemoteWrite, &addr, frame_use);
@@ -127,13 +127,13 @@ Status TcpChannel::Stream::begin_frame() {
       }
       return {};
     }
-    case FrameType::kReadReq: {
+    case raw(TcpFrame::kReadReq): {
       uint8_t* addr = nullptr;
       RegionUse use;
       Status st = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
                                              Access::kRemoteRead, &addr, use);
       FrameHeader h;
-      h.type = FrameType::kReadData;
+      h.type = TcpFrame::kReadData;
       h.op_id = cur.op_id;
       h.aux32 = cur.aux32;
       h.aux64 = cur.aux64;
@@ -145,7 +145,7 @@ Status TcpChannel::Stream::begin_frame() {
       }
       return {};
     }
-    case FrameType::kReadData: {
+    case raw(TcpFrame::kReadData): {
       if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
       if (error_text) {
         frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
@@ -166,9 +166,9 @@ Status TcpChannel::Stream::begin_frame() {
       sink_left = payload;
       return {};
     }
-    case FrameType::kWriteAck:
-    case FrameType::kSendAck: {
-      OpKind kind = cur.type == FrameType::kWriteAck ? OpKind::kWrite : OpKind::kSend;
+    case raw(TcpFrame::kWriteAck):
+    case raw(TcpFrame::kSendAck): {
+      OpKind kind = cur.type == TcpFrame::kWriteAck ? OpKind::kWrite : OpKind::kSend;
       if (Status st = lookup_reply_op(kind); !st.ok()) return st;
       if (cur.aux32 > 1 && cur.aux32 > frame_op->pending.load(std::memory_order_relaxed)) {
         return {ErrorCode::kProtocol,
@@ -179,11 +179,11 @@ Status TcpChannel::Stream::begin_frame() {
       sink_left = payload;
       return {};
     }
-    case FrameType::kSendCts:
+    case raw(TcpFrame::kSendCts):
       return on_clear_to_send();
-    case FrameType::kSend: {
-      if (cur.flags & core::kFlagAnnounce) return on_announce();
-      if (cur.flags & core::kFlagRendezvous) {
+    case raw(TcpFrame::kSend): {
+      if (cur.flags & kFlagAnnounce) return on_announce();
+      if (cur.flags & kFlagRendezvous) {
         auto it = announced.find(cur.op_id);
         if (it == announced.end()) {
           return {ErrorCode::kProtocol,
@@ -228,16 +228,16 @@ Status TcpChannel::Stream::begin_frame() {
 Status TcpChannel::Stream::begin_group() {
   if (group_table.size() < kGroupTableBytes) {
     group_table.resize(kGroupTableBytes);
-    group_entries.resize(core::kMaxGroupEntries);
-    group_dst.reserve(core::kMaxGroupEntries);
-    group_uses.reserve(core::kMaxGroupEntries);
+    group_entries.resize(kMaxGroupEntries);
+    group_dst.reserve(kMaxGroupEntries);
+    group_uses.reserve(kMaxGroupEntries);
   }
   group = true;
   group_table_done = false;
   group_next = 0;
   group_dst.clear();
   sink = group_table.data();
-  sink_left = std::size_t{cur.region_id} * core::kGroupEntrySize;  // decode_header: <= length
+  sink_left = std::size_t{cur.region_id} * kGroupEntrySize;  // decode_header: <= length
   return {};
 }
 
@@ -250,20 +250,19 @@ Status TcpChannel::Stream::group_next_part(bool& more) {
   if (!group_table_done) {
     group_table_done = true;
     uint64_t total = 0;
-    std::size_t table = std::size_t{n} * core::kGroupEntrySize;
-    if (Status st =
-            core::decode_group_table(group_table.data(), table, n, group_entries.data(), total);
+    std::size_t table = std::size_t{n} * kGroupEntrySize;
+    if (Status st = decode_group_table(group_table.data(), table, n, group_entries.data(), total);
         !st.ok()) {
       return st;
     }
-    if (cur.type == FrameType::kReadGroupReq) return {};  // answered by end_frame
+    if (cur.type == TcpFrame::kReadGroupReq) return {};  // answered by end_frame
     if (total != cur.length - table) {
       return {ErrorCode::kProtocol, "group of " + std::to_string(total) + " bytes in a frame of " +
                                         std::to_string(cur.length - table)};
     }
     for (uint32_t i = 0; i < n; ++i) {
-      const core::GroupEntry& g = group_entries[i];
-      if (cur.type == FrameType::kWriteGroup) {
+      const GroupEntry& g = group_entries[i];
+      if (cur.type == TcpFrame::kWriteGroup) {
         // Each entry is checked as a kWrite is: region, key, permission, bounds, revocation.
         // A refused entry's bytes are dropped; the first refusal is the answer.
         uint8_t* addr = nullptr;
@@ -355,17 +354,17 @@ Status TcpChannel::Stream::recv_group_direct(bool& would_block) {
 void TcpChannel::Stream::answer_read_group() {
   uint32_t n = cur.region_id;
   FrameHeader h;
-  h.type = FrameType::kReadGroupData;
+  h.type = TcpFrame::kReadGroupData;
   h.op_id = cur.op_id;
   h.region_id = n;
   std::vector<Segment> segments;
   std::vector<RegionSlot*> leases;
   segments.reserve(n);
   leases.reserve(n);
-  uint64_t total = std::size_t{n} * core::kGroupEntrySize;
+  uint64_t total = std::size_t{n} * kGroupEntrySize;
   Status refused;
   for (uint32_t i = 0; i < n && refused.ok(); ++i) {
-    const core::GroupEntry& g = group_entries[i];
+    const GroupEntry& g = group_entries[i];
     uint8_t* addr = nullptr;
     RegionUse use;
     Status st = ch.host_.regions().acquire(g.region_id, g.key, g.offset, g.length,
@@ -386,19 +385,19 @@ void TcpChannel::Stream::answer_read_group() {
     return;
   }
   h.length = static_cast<uint32_t>(total);
-  std::size_t table = std::size_t{n} * core::kGroupEntrySize;
+  std::size_t table = std::size_t{n} * kGroupEntrySize;
   respond_group(h, std::vector<uint8_t>(group_table.begin(), group_table.begin() + table),
                 std::move(segments), std::move(leases));
 }
 
 Status TcpChannel::Stream::end_frame() {
-  switch (cur.type) {
-    case FrameType::kWriteGroup:
-    case FrameType::kWrite: {
+  switch (raw(cur.type)) {
+    case raw(TcpFrame::kWriteGroup):
+    case raw(TcpFrame::kWrite): {
       FrameHeader h;
-      h.type = FrameType::kWriteAck;
+      h.type = TcpFrame::kWriteAck;
       h.op_id = cur.op_id;
-      if (cur.type == FrameType::kWriteGroup) {
+      if (cur.type == TcpFrame::kWriteGroup) {
         group_uses.clear();  // releases the entries' regions
         h.aux32 = cur.region_id;
         respond(h, frame_error);  // names the first refused entry
@@ -408,43 +407,43 @@ Status TcpChannel::Stream::end_frame() {
                        ? frame_error
                        : Status(frame_error.code(), "write: " + frame_error.message()));
       }
-      bool last = (cur.flags & core::kFlagLastOnStream) != 0;
-      if ((cur.flags & core::kFlagImm) && (last || !frame_error.ok())) {
+      bool last = (cur.flags & kFlagLastOnStream) != 0;
+      if ((cur.flags & kFlagImm) && (last || !frame_error.ok())) {
         return ch.imm_progress(cur.op_id, static_cast<uint32_t>(cur.aux64), cur.aux32, last,
                                !frame_error.ok());
       }
       return {};
     }
-    case FrameType::kReadReq:
+    case raw(TcpFrame::kReadReq):
       return {};
-    case FrameType::kReadGroupReq:
+    case raw(TcpFrame::kReadGroupReq):
       answer_read_group();
       return {};
-    case FrameType::kReadGroupData:
-    case FrameType::kReadData:
-    case FrameType::kWriteAck:
-    case FrameType::kSendAck: {
+    case raw(TcpFrame::kReadGroupData):
+    case raw(TcpFrame::kReadData):
+    case raw(TcpFrame::kWriteAck):
+    case raw(TcpFrame::kSendAck): {
       OpState* op = frame_op;
       if (cur.status != 0) {
         op->record_error({static_cast<ErrorCode>(cur.status),
                           std::string(frame_text.begin(), frame_text.end())});
       }
-      if (cur.type == FrameType::kSendAck &&
+      if (cur.type == TcpFrame::kSendAck &&
           (cur.status == 0 || cur.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
         ch.link_->tcp_messages.sent.fetch_add(1, std::memory_order_relaxed);
       }
       int64_t slices = 1;  // a group's answer finishes each of its entries
-      if (cur.type == FrameType::kReadGroupData) slices = cur.region_id;
-      if (cur.type == FrameType::kWriteAck && cur.aux32 > 1) slices = cur.aux32;
+      if (cur.type == TcpFrame::kReadGroupData) slices = cur.region_id;
+      if (cur.type == TcpFrame::kWriteAck && cur.aux32 > 1) slices = cur.aux32;
       if (op->finish_slices(slices)) op->finish_posted();
       return {};
     }
-    case FrameType::kSendCts:
+    case raw(TcpFrame::kSendCts):
       return {};
-    case FrameType::kSend: {
-      if (cur.flags & core::kFlagAnnounce) return {};  // answered when a receive takes it
+    case raw(TcpFrame::kSend): {
+      if (cur.flags & kFlagAnnounce) return {};  // answered when a receive takes it
       FrameHeader h;
-      h.type = FrameType::kSendAck;
+      h.type = TcpFrame::kSendAck;
       h.op_id = cur.op_id;
       Status st = frame_error;
       if (frame_op != nullptr && cur.length > frame_op->entries[0].length) {
@@ -493,7 +492,7 @@ Status TcpChannel::Stream::on_announce() {
   OpState* recv = ch.link_->matcher.announce(cur.key, 0, message, refused);
   if (!refused.ok()) {
     FrameHeader h;
-    h.type = FrameType::kSendAck;
+    h.type = TcpFrame::kSendAck;
     h.op_id = cur.op_id;
     respond(h, refused);
   } else if (recv != nullptr) {
@@ -520,7 +519,7 @@ void TcpChannel::Stream::taken_later(const std::shared_ptr<Stream>& self, uint64
 void TcpChannel::Stream::clear_to_send(uint64_t sender_op, OpState* recv) {
   announced.emplace(sender_op, recv);
   FrameHeader h;
-  h.type = FrameType::kSendCts;
+  h.type = TcpFrame::kSendCts;
   h.op_id = sender_op;
   respond(h, {});
 }
@@ -533,8 +532,8 @@ Status TcpChannel::Stream::on_clear_to_send() {
   op->peer_token = 1;  // asked for once
   const OpEntry& e = op->entries[0];
   FrameHeader h;
-  h.type = FrameType::kSend;
-  h.flags = core::kFlagRendezvous;
+  h.type = TcpFrame::kSend;
+  h.flags = kFlagRendezvous;
   h.op_id = cur.op_id;
   h.key = op->tag;
   h.length = static_cast<uint32_t>(e.length);
@@ -640,13 +639,17 @@ Status TcpChannel::Stream::consume(int& frames) {
         break;
       }
       st = core::decode_header(rbuf.data() + rpos, cur);
+      if (st.ok() && core::is_control(cur.type)) {
+        st = {ErrorCode::kProtocol, "frame: control frame on a data stream"};
+      }
+      if (st.ok()) st = check_data_header(cur);
       if (!st.ok()) break;
       rpos += core::kFrameHeaderSize;
       ++frames;
       st = begin_frame();
       if (!st.ok()) break;
       in_payload = true;
-      last_payload_large = core::payload_length(cur) >= kDirectRecvMin;
+      last_payload_large = payload_length(cur) >= kDirectRecvMin;
     }
     std::size_t avail = rend - rpos;
     while (sink_left > 0 && avail > 0) {
@@ -733,7 +736,7 @@ void TcpChannel::Stream::stop() {
   group_uses.clear();
   if (frame_counted) {  // its bytes will not come
     frame_counted = false;
-    ch.link_->matcher.abandon(core::payload_length(cur));
+    ch.link_->matcher.abandon(payload_length(cur));
   }
   ch.host_.reactor().retire(loop, std::move(keep_channel));
   ch.stream_stopped();

@@ -16,6 +16,7 @@
 #include "core/frame.hpp"
 #include "core/ring.hpp"
 #include "transport/tcp/tcp_channel.hpp"
+#include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry::transport::tcp {
 
@@ -58,8 +59,7 @@ constexpr std::size_t kMaxImmInProgress = 1 << 16;
 // kReadGroupReq) with the lane's next slices of the same op, up to kMaxGroupEntries of them and
 // slice_bytes in all: one header, one credit and one answer for the lot.
 constexpr uint64_t kMaxGroupedSlice = 64 << 10;
-constexpr std::size_t kGroupTableBytes =
-    std::size_t{core::kMaxGroupEntries} * core::kGroupEntrySize;
+constexpr std::size_t kGroupTableBytes = std::size_t{kMaxGroupEntries} * kGroupEntrySize;
 // Bytes a caller's post() stages and sends itself, over all the op's streams, before it leaves
 // the rest to the progress thread (EPOLLOUT); whole frames, at least the first: an operation of
 // one slice goes out without a thread hop, as before, and a large batch's write() returns after
@@ -67,7 +67,7 @@ constexpr std::size_t kGroupTableBytes =
 constexpr std::size_t kCallerSendBytes = 64 << 10;
 // Pieces handed to one sendmsg / recvmsg (Linux's IOV_MAX is 1024).
 constexpr int kMaxSendIov = 1024;
-constexpr int kMaxRecvIov = static_cast<int>(core::kMaxGroupEntries);  // a whole group
+constexpr int kMaxRecvIov = static_cast<int>(kMaxGroupEntries);  // a whole group
 // One of them: the map's node (key, value, link, allocator header) and its bucket.
 constexpr std::size_t kImmProgressBytes = 64;
 
@@ -152,7 +152,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status frame_error;         // why the current inbound frame is refused
   RegionUse frame_use;        // target region of the current kWrite
   OpState* frame_op = nullptr;
-  std::vector<uint8_t> frame_text;    // error text: at most core::kMaxErrorText bytes
+  std::vector<uint8_t> frame_text;    // error text: at most kMaxErrorText bytes
   std::vector<uint8_t> frame_buffer;  // unexpected send() message, grown as its bytes arrive
   uint64_t frame_copied = 0;          // bytes of it received
   bool sink_grows = false;            // sink is frame_buffer (see sink_room)
@@ -164,7 +164,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   bool group_table_done = false;
   uint32_t group_next = 0;  // the next entry to start
   std::vector<uint8_t> group_table;
-  std::vector<core::GroupEntry> group_entries;
+  std::vector<GroupEntry> group_entries;
   std::vector<GroupDst> group_dst;
   std::vector<RegionUse> group_uses;  // target of a kWriteGroup: its entries' regions
   bool need_flush = false;
