@@ -64,20 +64,6 @@ std::string Status::to_string() const {
   return s;
 }
 
-std::string_view to_string(TransportKind kind) noexcept {
-  switch (kind) {
-    case TransportKind::kTcp:
-      return "tcp";
-    case TransportKind::kVerbs:
-      return "verbs";
-    case TransportKind::kShm:
-      return "shm";
-    case TransportKind::kCudaIpc:
-      return "cuda_ipc";
-  }
-  return "unknown";
-}
-
 namespace core {
 
 Status sys_status(std::string_view call, int err, ErrorCode code) {

@@ -27,3 +27,19 @@ const TransportEntry* find_transport(TransportKind kind) {
 }
 
 }  // namespace ferry::transport
+
+namespace ferry {
+
+std::string_view to_string(TransportKind kind) noexcept {
+  if (const transport::TransportEntry* entry = transport::find_transport(kind)) return entry->name;
+  switch (kind) {  // kinds reserved for transports not built into this version
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kCudaIpc:
+      return "cuda_ipc";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace ferry

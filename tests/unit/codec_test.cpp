@@ -407,6 +407,22 @@ TEST(Descriptor, RejectsMalformedInput) {
   EXPECT_EQ(decode_error(access), ErrorCode::kInvalidArgument);
   EXPECT_THROW(Descriptor::parse("ferry2:AAAA"), Error);
   EXPECT_THROW(Descriptor::parse("ferry1:not base64!"), Error);
+  auto keyless = good;
+  keyless[2 + 1 + 8 + 8 + 4 + 8 + 8 + 1 + 1] = 0;  // the first key's transport
+  EXPECT_EQ(decode_error(keyless), ErrorCode::kInvalidArgument);
+}
+
+TEST(Descriptor, KeepsTheKeyOfATransportThisBuildLacks) {
+  Descriptor d = sample_descriptor();
+  const auto newer = static_cast<TransportKind>(0x90);  // a later version's transport
+  d.keys[1].transport = newer;
+  Descriptor back = Descriptor::decode(d.encode());
+  ASSERT_NE(back.key_for(newer), nullptr);
+  EXPECT_EQ(back.key_for(newer)->bytes[3], 0xbb);
+  EXPECT_EQ(back.encode(), d.encode());
+  EXPECT_EQ(to_string(newer), "unknown");
+  EXPECT_EQ(to_string(TransportKind::kTcp), "tcp");
+  EXPECT_EQ(to_string(TransportKind::kShm), "shm");  // reserved, not built in
 }
 
 }  // namespace
