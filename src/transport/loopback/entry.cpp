@@ -1,0 +1,31 @@
+// The loopback transport's line in the registry (transports.def).
+#include "transport/loopback/loopback.hpp"
+#include "transport/registry.hpp"
+
+namespace ferry::transport {
+namespace {
+
+std::unique_ptr<Transport> open(const Config&, std::string&) {
+  return std::make_unique<loopback::LoopbackTransport>();
+}
+
+TransportInfo describe() {
+  return {loopback::kKind,
+          true,
+          "engines of one process only: a test transport with fault injection; never offered "
+          "unless Config::transports names it",
+          {}};
+}
+
+// Messages it buffers count against the peer's unexpected-message limits.
+std::size_t worst_case_channel_bytes(const Config&) { return sizeof(loopback::LoopbackChannel); }
+
+}  // namespace
+
+const TransportEntry& loopback_entry() {
+  static const TransportEntry entry{loopback::kKind, "loopback", open, describe,
+                                    worst_case_channel_bytes};
+  return entry;
+}
+
+}  // namespace ferry::transport

@@ -1,0 +1,228 @@
+#include "transport/loopback/loopback.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "core/bytes.hpp"
+
+namespace ferry::transport::loopback {
+
+Faults& faults() {
+  static Faults f;
+  return f;
+}
+
+namespace {
+// Every loopback channel of the process, by endpoint number: where connect() finds its peer.
+struct Fabric {
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::weak_ptr<LoopbackChannel>> channels;
+  uint64_t next = 1;
+};
+Fabric& fabric() {
+  static auto* f = new Fabric;  // never destroyed: channels may outlive static destruction
+  return *f;
+}
+}  // namespace
+
+LoopbackChannel::LoopbackChannel(ChannelArgs args)
+    : host_(args.host),
+      link_(std::move(args.link)),
+      on_closed_(std::move(args.on_closed)),
+      loop_(args.host.reactor().pick_loop()) {}
+
+LoopbackChannel::~LoopbackChannel() {
+  std::lock_guard lock(fabric().mu);
+  fabric().channels.erase(endpoint_);
+}
+
+void LoopbackChannel::publish() {
+  Fabric& f = fabric();
+  std::lock_guard lock(f.mu);
+  endpoint_ = f.next++;
+  f.channels[endpoint_] = weak_from_this();
+}
+
+std::vector<uint8_t> LoopbackChannel::local_address() const {
+  std::vector<uint8_t> out;
+  core::ByteWriter w(out);
+  w.u32(static_cast<uint32_t>(::getpid()));
+  w.u64(endpoint_);
+  return out;
+}
+
+Status LoopbackChannel::connect(std::span<const uint8_t> remote) {
+  core::ByteReader r(remote);
+  uint32_t pid = r.u32();
+  uint64_t endpoint = r.u64();
+  if (!r.ok() || !r.at_end()) return {ErrorCode::kProtocol, "loopback address: malformed"};
+  if (faults().refuse_connect.load()) {
+    return {ErrorCode::kConnectFailed, "loopback: connection refused (injected fault)"};
+  }
+  if (pid != static_cast<uint32_t>(::getpid())) {
+    return {ErrorCode::kUnsupported,
+            "loopback reaches only its own process; the peer is process " + std::to_string(pid)};
+  }
+  std::lock_guard lock(fabric().mu);
+  auto it = fabric().channels.find(endpoint);
+  if (it == fabric().channels.end() || it->second.expired()) {
+    return {ErrorCode::kConnectFailed,
+            "loopback: no channel " + std::to_string(endpoint) + " in this process"};
+  }
+  peer_ = it->second;
+  return {};
+}
+
+bool LoopbackChannel::enter() {
+  users_.fetch_add(1);
+  if (closing_.load()) {
+    leave();
+    return false;
+  }
+  return true;
+}
+
+void LoopbackChannel::leave() {
+  if (users_.fetch_sub(1) != 1 || quiesced_.exchange(true)) return;
+  Status reason;
+  {
+    std::lock_guard lock(close_mu_);
+    reason = close_reason_;
+  }
+  if (on_closed_) on_closed_(reason);
+}
+
+PostResult LoopbackChannel::post(OpState* op) {
+  if (!enter()) return PostResult::kAccepted;  // closing: the close path fails the op
+  // One task per operation (a test transport may allocate on its data path).
+  host_.reactor().post(loop_, [self = shared_from_this(), op] {
+    self->run(op);
+    self->leave();
+  });
+  return PostResult::kAccepted;
+}
+
+void LoopbackChannel::close(const Status& reason) {
+  {
+    std::lock_guard lock(close_mu_);
+    if (closing_.exchange(true)) return;
+    close_reason_ = reason;
+  }
+  leave();  // the channel's own use: the last task to finish reports it closed
+}
+
+void LoopbackChannel::stop_after_reactor() {
+  // Tasks the stopped reactor never ran touched nothing: the ops they hold fail with the peer.
+  if (quiesced_.exchange(true)) return;
+  Status reason;
+  {
+    std::lock_guard lock(close_mu_);
+    reason = close_reason_;
+  }
+  if (on_closed_) on_closed_(reason);
+}
+
+void LoopbackChannel::run(OpState* op) {
+  if (closing_.load()) return;  // the close path fails it: nothing was touched
+  if (int64_t us = faults().delay_us.load(); us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    if (closing_.load()) return;
+  }
+  std::shared_ptr<LoopbackChannel> to = peer_.lock();
+  if (!to || !to->enter()) {
+    close({ErrorCode::kPeerLost, "loopback: the peer's channel closed"});
+    return;
+  }
+  bool broke = false;
+  bool failed = false;
+  if (op->kind == OpKind::kSend) {
+    send_message(*op, *to);
+  } else {
+    for (int lane = 0; lane < op->lane_count && !broke; ++lane) {
+      LaneCursor c = op->lanes[lane];
+      while (c.remaining > 0 && !broke) {
+        const OpEntry& e = op->entries[c.entry];
+        uint64_t length = std::min<uint64_t>(e.length - c.offset, op->slice_bytes);
+        broke = !copy_slice(*op, c.entry, c.offset, length, *to, failed);
+        advance(*op, c, static_cast<uint64_t>(op->lane_count));  // lanes take turns
+        --c.remaining;
+      }
+    }
+  }
+  if (!broke) {
+    // Every byte landed: the notification comes after them, as RC and TCP order it.
+    if (op->kind == OpKind::kWrite && op->with_imm && !failed) {
+      to->host_.deliver_imm(*to->link_, op->imm);
+    }
+    if (op->finish_slices(op->pending.load())) op->finish_posted();
+  }
+  to->leave();
+}
+
+bool LoopbackChannel::copy_slice(OpState& op, std::size_t index, uint64_t offset, uint64_t length,
+                                 LoopbackChannel& to, bool& failed) {
+  Faults& f = faults();
+  uint64_t n = f.slices.fetch_add(1) + 1;
+  if (uint64_t at = f.break_at_slice.load(); at != 0 && n == at) {
+    close({ErrorCode::kPeerLost,
+           "loopback: a lane broke at slice " + std::to_string(n) + " (injected fault)"});
+    return false;
+  }
+  const OpEntry& e = op.entries[index];
+  bool write = op.kind == OpKind::kWrite;
+  Status s;
+  if (uint64_t every = f.fail_every_slice.load(); every != 0 && n % every == 0) {
+    s = {ErrorCode::kSystem, "slice " + std::to_string(n) + " failed (injected fault)"};
+  } else {
+    uint8_t* addr = nullptr;
+    RegionUse use;  // held while copying: a deregistration waits for it
+    s = to.host_.regions().acquire(e.remote_region, e.remote_key, e.remote_offset + offset, length,
+                                   write ? Access::kRemoteWrite : Access::kRemoteRead, &addr, use);
+    if (s.ok() && write) std::memcpy(addr, e.local + offset, length);
+    if (s.ok() && !write) std::memcpy(e.local + offset, addr, length);
+  }
+  if (!s.ok()) {
+    failed = true;
+    op.record_error({s.code(), std::string(write ? "write" : "read") + " entry " +
+                                   std::to_string(index) + ": " + s.message()});
+  }
+  return true;
+}
+
+void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
+  const OpEntry& src = op.entries[0];
+  Matcher& matcher = to.link_->matcher;
+  Matcher::Arrival a = matcher.arrive(op.tag, src.length);
+  if (!a.error.ok()) {
+    op.record_error(a.error);
+  } else if (a.recv != nullptr) {
+    uint64_t capacity = a.recv->entries[0].length;
+    Matcher::deliver(a.recv, src.local, src.length);
+    a.recv->finish_posted();
+    if (src.length > capacity) op.record_error(Matcher::truncated_send(op.tag, capacity));
+  } else {
+    matcher.commit(op.tag, std::vector<uint8_t>(src.local, src.local + src.length));
+  }
+}
+
+Status LoopbackTransport::register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
+                                          std::span<uint8_t> key, uint8_t& key_length) {
+  std::memcpy(key.data(), &table_key, sizeof table_key);
+  key_length = sizeof table_key;
+  return {};
+}
+
+Status LoopbackTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
+  auto channel = std::make_shared<LoopbackChannel>(std::move(args));
+  channel->publish();
+  out = std::move(channel);
+  return {};
+}
+
+}  // namespace ferry::transport::loopback

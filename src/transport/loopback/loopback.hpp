@@ -1,0 +1,102 @@
+// The loopback transport: two engines of one process, the initiator's progress thread copying
+// straight between their memory after the target's region table allowed each access (as TCP's
+// target does). It exists to test the engine without hardware: it is registered like any
+// transport (transports.def), runs the conformance suite, and injects faults (Faults) into
+// operations, lanes and connections. No default configuration offers it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "transport/contract.hpp"
+
+namespace ferry::transport::loopback {
+
+// Its kind: outside the range of transports that cross processes.
+constexpr TransportKind kKind{0x7f};
+// Lanes of a channel: more than one, so operations are striped as over sockets or queue pairs.
+constexpr int kLanes = 2;
+
+// Faults injected into every loopback channel of the process while set (tests set them, then
+// reset()). Counting is process-wide: slices are numbered from 1 across all channels.
+struct Faults {
+  std::atomic<uint64_t> fail_every_slice{0};  // every Nth slice fails with kSystem (0: none)
+  std::atomic<uint64_t> break_at_slice{0};    // the Nth slice breaks its channel, as a lane whose
+                                              // connection died: the peer is lost (0: none)
+  std::atomic<int64_t> delay_us{0};           // each operation waits this long first
+  std::atomic<bool> refuse_connect{false};    // connect() fails, as an unreachable device would
+  std::atomic<uint64_t> slices{0};            // slices handled so far
+  void reset() {
+    fail_every_slice = 0;
+    break_at_slice = 0;
+    delay_us = 0;
+    refuse_connect = false;
+    slices = 0;
+  }
+};
+Faults& faults();
+
+class LoopbackChannel final : public Channel, public std::enable_shared_from_this<LoopbackChannel> {
+ public:
+  explicit LoopbackChannel(ChannelArgs args);
+  ~LoopbackChannel() override;
+  // Makes the channel reachable by its address (once shared_from_this works).
+  void publish();
+
+  TransportKind kind() const override { return kKind; }
+  // The address is this process's id (u32) and the channel's endpoint number (u64).
+  std::vector<uint8_t> local_address() const override;
+  Status connect(std::span<const uint8_t> remote) override;
+  int lanes() const override { return kLanes; }
+  PostResult post(OpState* op) override;
+  void close(const Status& reason) override;
+  bool closed() const override { return closing_.load(); }
+  bool quiesced() const override { return quiesced_.load(); }
+  void stop_after_reactor() override;
+  // An access holds the target's region only while it copies: nothing to cut off.
+  void cut_off(const uint8_t*, uint64_t, const Status&) override {}
+
+ private:
+  // A task (or the channel itself, until closed) stops using the channel; the last one reports
+  // it closed.
+  void leave();
+  // Joins as a user unless closing (then false).
+  bool enter();
+  // Carries out a posted operation on this engine's progress thread.
+  void run(OpState* op);
+  // One slice of a write or read into or from the target `to`; false when the channel broke.
+  bool copy_slice(OpState& op, std::size_t index, uint64_t offset, uint64_t length,
+                  LoopbackChannel& to, bool& failed);
+  void send_message(OpState& op, LoopbackChannel& to);
+
+  Host& host_;
+  std::shared_ptr<PeerLink> link_;
+  std::function<void(const Status&)> on_closed_;
+  const int loop_;
+  uint64_t endpoint_ = 0;
+  std::weak_ptr<LoopbackChannel> peer_;  // set by connect(), before any post
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> quiesced_{false};
+  // Tasks posted and not finished, plus one held by the channel until it closes.
+  std::atomic<int> users_{1};
+  std::mutex close_mu_;
+  Status close_reason_;
+};
+
+class LoopbackTransport final : public Transport {
+ public:
+  TransportKind kind() const override { return kKind; }
+  uint32_t capabilities() const override { return 0; }
+  // The target's region table checks every access: its key is the descriptor's key, as TCP's.
+  Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
+                         std::span<uint8_t> key, uint8_t& key_length) override;
+  void deregister_region(uint32_t) override {}
+  Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
+};
+
+}  // namespace ferry::transport::loopback
