@@ -29,6 +29,21 @@ class LoopbackFaults : public ::testing::Test {
   void TearDown() override { loopback::faults().reset(); }
 };
 
+// Two engines connected over loopback, and one transfer of `size` bytes into the target.
+struct OneTransfer {
+  OneTransfer(std::size_t size, uint32_t seed)
+      : p(loopback_config(), loopback_config()),
+        src(p.initiator, size, Access::kLocal, seed),
+        dst(p.target, size, Access::kRemoteReadWrite, seed + 1),
+        d(dst.region.descriptor()),
+        t{&src.region, 0, &d, 0, size} {}
+  Pair p;
+  Buffer src;
+  Buffer dst;
+  Descriptor d;
+  Transfer t;
+};
+
 bool contains(const Status& s, const std::string& text) {
   return s.message().find(text) != std::string::npos;
 }
@@ -42,11 +57,9 @@ TEST_F(LoopbackFaults, PeersUseLoopbackAndNeedNoSideConnection) {
 }
 
 TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {
-  Pair p(loopback_config(), loopback_config());
-  Buffer src(p.initiator, 1 << 20, Access::kLocal, 1);
-  Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 2);
-  Descriptor d = dst.region.descriptor();
-  Transfer t{&src.region, 0, &d, 0, 1 << 20};
+  OneTransfer x(1 << 20, 1);
+  Pair& p = x.p;
+  Transfer& t = x.t;
 
   loopback::faults().fail_every_slice = 1;
   Status s = p.peer.write_with_imm({&t, 1}, 7).wait(kWait);
@@ -66,16 +79,14 @@ TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {
   auto imm = p.target.next_imm(kWait);
   ASSERT_TRUE(imm.has_value());
   EXPECT_EQ(imm->imm, 8u);
-  EXPECT_EQ(src.bytes, dst.bytes);
+  EXPECT_EQ(x.src.bytes, x.dst.bytes);
   EXPECT_TRUE(p.peer.connected()) << "a failed slice does not cost the peer";
 }
 
 TEST_F(LoopbackFaults, ABrokenLaneFailsEveryOperationInFlightOnceAndThePeerOnBothSides) {
-  Pair p(loopback_config(), loopback_config());
-  Buffer src(p.initiator, 1 << 20, Access::kLocal, 3);
-  Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 4);
-  Descriptor d = dst.region.descriptor();
-  Transfer t{&src.region, 0, &d, 0, 1 << 20};
+  OneTransfer x(1 << 20, 3);
+  Pair& p = x.p;
+  Transfer& t = x.t;
   // Operations wait before they run, so many are in flight when the lane breaks.
   loopback::faults().delay_us = 20'000;
   loopback::faults().break_at_slice = 20;
@@ -126,11 +137,9 @@ TEST_F(LoopbackFaults, AConnectionTheTransportRefusesLeavesNoStateOnEitherSide) 
 TEST_F(LoopbackFaults, ClosingOrShuttingDownWhileOperationsAreHeldUpEndsEachOfThem) {
   for (bool shutdown : {false, true}) {
     SCOPED_TRACE(shutdown ? "shutdown" : "close");
-    Pair p(loopback_config(), loopback_config());
-    Buffer src(p.initiator, 256 << 10, Access::kLocal, 5);
-    Buffer dst(p.target, 256 << 10, Access::kRemoteReadWrite, 6);
-    Descriptor d = dst.region.descriptor();
-    Transfer t{&src.region, 0, &d, 0, 256 << 10};
+    OneTransfer x(256 << 10, 5);
+    Pair& p = x.p;
+    Transfer& t = x.t;
     loopback::faults().delay_us = 50'000;
     std::vector<Future> futures;
     for (int i = 0; i < 6; ++i) futures.push_back(p.peer.read({&t, 1}));
