@@ -41,7 +41,7 @@ class ByteReader {
   uint64_t u64() { return get(8); }
   bool bytes(uint8_t* dst, std::size_t n) {
     if (!take(n)) return false;
-    std::memcpy(dst, in_.data() + pos_ - n, n);
+    if (n > 0) std::memcpy(dst, in_.data() + pos_ - n, n);  // an empty vector's data() is null
     return true;
   }
   std::string str(std::size_t max_len) {

@@ -279,13 +279,15 @@ TEST(Handshake, ChannelAddressesRoundTripAndRejectDamage) {
   engine::ChannelAddresses m;
   m.channels.push_back({TransportKind::kVerbs, std::vector<uint8_t>(40, 7)});
   m.channels.push_back({TransportKind::kTcp, {2, 0}});
+  m.channels.push_back({static_cast<TransportKind>(9), {}});  // an empty address is well-formed
   auto body = body_of(engine::encode(m));
   engine::ChannelAddresses back;
   ASSERT_TRUE(engine::decode(body, back).ok());
-  ASSERT_EQ(back.channels.size(), 2u);
+  ASSERT_EQ(back.channels.size(), 3u);
   EXPECT_EQ(back.channels[0].kind, TransportKind::kVerbs);
   EXPECT_EQ(back.channels[0].bytes, m.channels[0].bytes);
   EXPECT_EQ(back.channels[1].bytes, m.channels[1].bytes);
+  EXPECT_TRUE(back.channels[2].bytes.empty());
 
   for (std::size_t cut = 0; cut < body.size(); ++cut) {
     engine::ChannelAddresses out;
