@@ -8,14 +8,14 @@
 #include <memory>
 #include <span>
 
+#include "engine/handshake.hpp"
 #include "transport/contract.hpp"
 
 namespace ferry::detail {
 
 class ChannelSet {
  public:
-  // The most transports a peer may offer (engine/handshake.cpp).
-  static constexpr std::size_t kMax = 8;
+  static constexpr std::size_t kMax = engine::kMaxOfferedTransports;
 
   void add(std::shared_ptr<transport::Channel> channel) {
     slots_.at(count_++) = std::move(channel);
@@ -23,7 +23,6 @@ class ChannelSet {
   std::span<const std::shared_ptr<transport::Channel>> all() const {
     return {slots_.data(), count_};
   }
-  bool empty() const { return count_ == 0; }
   // The channel operations and messages go over: the first one.
   transport::Channel& primary() const { return *slots_[0]; }
   transport::Channel* find(TransportKind kind) const {

@@ -404,8 +404,8 @@ Status EngineImpl::create_peer(const engine::Hello& hello, const std::string& ad
                                const std::vector<TransportKind>& channels, core::Fd& control,
                                std::shared_ptr<PeerImpl>& out) {
   if (stopping_.load()) return {ErrorCode::kCancelled, "engine shut down"};
-  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation}, address,
-                         channels.front(), true, std::move(control));
+  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation}, address, true,
+                         std::move(control));
   return make_channels(out, channels, false);
 }
 
@@ -504,8 +504,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
   }
 
   int control = fd.get();
-  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), ack.channels.front(),
-                               false, std::move(fd));
+  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(fd));
   // Our addresses first, then the listener's: its own decide what both share (TCP streams).
   Status s = make_channels(peer, ack.channels, true);
   if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);

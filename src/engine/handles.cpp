@@ -78,7 +78,7 @@ Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t c
 uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
 uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
 std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
-TransportKind Peer::transport() const { return impl_ ? impl_->transport : TransportKind::kTcp; }
+TransportKind Peer::transport() const { return impl_ ? impl_->transport() : TransportKind::kTcp; }
 bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
 PeerStats Peer::stats() const {
   PeerStats s;

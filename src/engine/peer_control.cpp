@@ -108,11 +108,10 @@ struct PeerImpl::Control final : core::Reactor::Handler {
 };
 
 PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remote,
-                   std::string addr, TransportKind kind, bool from_peer, core::Fd control)
+                   std::string addr, bool from_peer, core::Fd control)
     : engine_id(remote.engine_id),
       incarnation(remote.incarnation),
       address(std::move(addr)),
-      transport(kind),
       incoming(from_peer),
       engine(std::move(eng)),
       link(std::make_shared<transport::PeerLink>(
@@ -125,10 +124,10 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
 
 std::shared_ptr<PeerImpl> PeerImpl::create(std::shared_ptr<EngineImpl> eng,
                                            const engine::Identity& remote, std::string addr,
-                                           TransportKind kind, bool from_peer, core::Fd control) {
+                                           bool from_peer, core::Fd control) {
   // The state and at most two frames waiting to go (a coalesced ping or pong, and BYE).
   static_assert(sizeof(Control) + 2 * core::kFrameHeaderSize <= kControlBytes);
-  auto peer = std::make_shared<PeerImpl>(std::move(eng), remote, std::move(addr), kind, from_peer,
+  auto peer = std::make_shared<PeerImpl>(std::move(eng), remote, std::move(addr), from_peer,
                                          std::move(control));
   peer->link->owner = peer;
   return peer;

@@ -163,7 +163,7 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       break;
     case Refusal::kNoKey:
       s = {ErrorCode::kUnsupported,
-           "descriptor has no " + std::string(to_string(transport)) + " key"};
+           "descriptor has no " + std::string(to_string(transport())) + " key"};
       break;
     default:
       s = local_refusal(t.local, t.local_offset, t.length);
@@ -183,7 +183,7 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
                                             uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
-  TransportKind via = transport;
+  TransportKind via = transport();
   slices = 0;
   total = 0;
   op->entries.reserve(batch.size());  // kept across the op's reuses: one allocation at most

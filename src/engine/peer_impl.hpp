@@ -48,9 +48,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // `incoming`: the peer connected to us (it claimed its identity); else we dialled it.
   static std::shared_ptr<PeerImpl> create(std::shared_ptr<EngineImpl> engine,
                                           const engine::Identity& remote, std::string address,
-                                          TransportKind transport, bool incoming, core::Fd control);
+                                          bool incoming, core::Fd control);
   PeerImpl(std::shared_ptr<EngineImpl> engine, const engine::Identity& remote, std::string address,
-           TransportKind transport, bool incoming, core::Fd control);
+           bool incoming, core::Fd control);
 
   Future one_sided(transport::OpKind kind, std::span<const Transfer> batch, bool with_imm,
                    uint32_t imm);
@@ -66,6 +66,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void channel_closed(const Status& reason);
   // The channel operations and messages use.
   transport::Channel& data_channel() const { return channels.primary(); }
+  TransportKind transport() const { return channels.primary().kind(); }
 
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();
@@ -77,7 +78,6 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const uint64_t engine_id;
   const uint64_t incarnation;
   const std::string address;
-  const TransportKind transport;  // of the primary channel
   const bool incoming;
   std::shared_ptr<EngineImpl> engine;
   std::shared_ptr<transport::PeerLink> link;

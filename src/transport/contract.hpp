@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -142,6 +143,14 @@ struct ChannelArgs {
   std::function<void(const Status&)> on_closed;  // once, when the channel has closed
   bool dialer;  // this side connected to the peer (the listener's address decides shared counts)
 };
+
+// A region's key for a transport whose target's CPU checks every access against the region
+// table (TCP, loopback): the table's own key.
+inline Status table_key_as_key(uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) {
+  std::memcpy(key.data(), &table_key, sizeof table_key);
+  key_length = sizeof table_key;
+  return {};
+}
 
 // A transport opened for one engine: registration keys and the channel factory.
 class Transport {

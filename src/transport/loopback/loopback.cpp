@@ -89,7 +89,11 @@ bool LoopbackChannel::enter() {
 }
 
 void LoopbackChannel::leave() {
-  if (users_.fetch_sub(1) != 1 || quiesced_.exchange(true)) return;
+  if (users_.fetch_sub(1) == 1) report_closed();
+}
+
+void LoopbackChannel::report_closed() {
+  if (quiesced_.exchange(true)) return;
   Status reason;
   {
     std::lock_guard lock(close_mu_);
@@ -119,13 +123,7 @@ void LoopbackChannel::close(const Status& reason) {
 
 void LoopbackChannel::stop_after_reactor() {
   // Tasks the stopped reactor never ran touched nothing: the ops they hold fail with the peer.
-  if (quiesced_.exchange(true)) return;
-  Status reason;
-  {
-    std::lock_guard lock(close_mu_);
-    reason = close_reason_;
-  }
-  if (on_closed_) on_closed_(reason);
+  report_closed();
 }
 
 void LoopbackChannel::run(OpState* op) {
@@ -209,13 +207,6 @@ void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
   } else {
     matcher.commit(op.tag, std::vector<uint8_t>(src.local, src.local + src.length));
   }
-}
-
-Status LoopbackTransport::register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
-                                          std::span<uint8_t> key, uint8_t& key_length) {
-  std::memcpy(key.data(), &table_key, sizeof table_key);
-  key_length = sizeof table_key;
-  return {};
 }
 
 Status LoopbackTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {

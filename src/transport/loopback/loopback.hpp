@@ -65,6 +65,8 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   // A task (or the channel itself, until closed) stops using the channel; the last one reports
   // it closed.
   void leave();
+  // Once: the channel is closed and nothing of it touches user memory (on_closed).
+  void report_closed();
   // Joins as a user unless closing (then false).
   bool enter();
   // Carries out a posted operation on this engine's progress thread.
@@ -94,7 +96,9 @@ class LoopbackTransport final : public Transport {
   uint32_t capabilities() const override { return 0; }
   // The target's region table checks every access: its key is the descriptor's key, as TCP's.
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
-                         std::span<uint8_t> key, uint8_t& key_length) override;
+                         std::span<uint8_t> key, uint8_t& key_length) override {
+    return table_key_as_key(table_key, key, key_length);
+  }
   void deregister_region(uint32_t) override {}
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
 };

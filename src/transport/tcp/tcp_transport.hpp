@@ -2,8 +2,6 @@
 // key, since the target's CPU checks every access against the region table.
 #pragma once
 
-#include <cstring>
-
 #include "transport/contract.hpp"
 #include "transport/tcp/tcp_channel.hpp"
 
@@ -16,9 +14,7 @@ class TcpTransport final : public Transport {
   uint32_t capabilities() const override { return kCapCrossHost; }
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
                          std::span<uint8_t> key, uint8_t& key_length) override {
-    std::memcpy(key.data(), &table_key, sizeof table_key);
-    key_length = sizeof table_key;
-    return {};
+    return table_key_as_key(table_key, key, key_length);
   }
   // The region table revokes access; TCP holds no per-region state of its own.
   void deregister_region(uint32_t) override {}
