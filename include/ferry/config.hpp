@@ -35,9 +35,10 @@ struct Config {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
   // Transports this engine may use, best first. A peer gets a channel on each one that both
-  // sides offer and can use here; its operations and messages go over the first of them in the
-  // accepting side's order. Those that cannot be used on this host are skipped (an explicitly
-  // named device that fails is an error); at least one must remain.
+  // sides can use and that reaches it (a same-host transport only a peer on this host); this
+  // engine's operations go over the best of those that can carry them (Peer::routes says which
+  // and why). Those that cannot be used on this host are skipped (an explicitly named device
+  // that fails is an error); at least one must remain.
   std::vector<TransportKind> transports = default_transports();
   // Verbs: device name (empty: the first with an active port; an unknown name is an error),
   // GID index (-1: the routable RoCE v2 GID), and queue pairs per peer.

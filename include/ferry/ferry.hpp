@@ -167,6 +167,17 @@ struct PeerStats {
   uint64_t unexpected_bytes = 0;
 };
 
+// How a peer's operations of one class travel between memory of two kinds, and why
+// (Peer::routes, Engine::routes).
+struct RouteInfo {
+  std::string operations;                  // "write/read", "write_with_imm" or "send/recv"
+  MemoryKind local = MemoryKind::kHost;    // this engine's memory
+  MemoryKind remote = MemoryKind::kHost;   // the peer's
+  std::optional<TransportKind> transport;  // none: no channel of the peer carries them
+  // Each configured transport and its verdict: "verbs: chosen (rank 1); tcp: fallback ...".
+  std::string why;
+};
+
 // A connected peer. Either side may start operations; one connection carries both directions.
 class FERRY_API Peer {
  public:
@@ -189,7 +200,12 @@ class FERRY_API Peer {
   uint64_t engine_id() const;
   uint64_t incarnation() const;
   std::string address() const;
+  // The transport that carries write / read between host memory (routes() has the rest).
   TransportKind transport() const;
+  // Which channel each class of operation uses, decided when the peer connected.
+  std::vector<RouteInfo> routes() const;
+  // How far the peer is (same process, same host, other host), as the handshake showed.
+  Reach reach() const;
   PeerStats stats() const;
   bool connected() const;
   // Fails in-flight operations with kCancelled and closes the connection.
@@ -258,6 +274,9 @@ class FERRY_API Engine {
 
   // Transports compiled in and whether they are usable on this host.
   static std::vector<TransportInfo> transports();
+  // The routes an engine configured by `config` would take to a peer `reach` away that offers
+  // the same transports, with this host's transports as they are now (ferry info).
+  static std::vector<RouteInfo> routes(const Config& config, Reach reach);
   static std::string_view version();
 
  private:

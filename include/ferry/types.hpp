@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,26 @@ enum class TransportKind : uint8_t {
 };
 
 FERRY_API std::string_view to_string(TransportKind kind) noexcept;
+// The kind to_string() names `name`; none for a name no transport has.
+FERRY_API std::optional<TransportKind> transport_named(std::string_view name) noexcept;
+
+// Where a region's bytes live. Every region is host memory today; device memory (CUDA) is
+// what the route table (Peer::routes) is shaped for next.
+enum class MemoryKind : uint8_t {
+  kHost = 0,
+  kCuda = 1,
+};
+constexpr int kMemoryKinds = 2;
+FERRY_API std::string_view to_string(MemoryKind kind) noexcept;
+
+// How far a peer is from this engine, as the handshake proved it (same kernel boot and the same
+// process and network namespaces make the same host).
+enum class Reach : uint8_t {
+  kSameProcess = 0,
+  kSameHost = 1,
+  kOtherHost = 2,
+};
+FERRY_API std::string_view to_string(Reach reach) noexcept;
 
 // What Engine::transports() reports of one transport on this host.
 struct TransportInfo {

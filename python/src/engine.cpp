@@ -22,11 +22,8 @@ Duration seconds(double s, const char* what) {
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
 }
 
-TransportKind transport_named(const std::string& name) {
-  for (auto kind :
-       {TransportKind::kTcp, TransportKind::kVerbs, TransportKind::kShm, TransportKind::kCudaIpc}) {
-    if (name == to_string(kind)) return kind;
-  }
+TransportKind transport_kind(const std::string& name) {
+  if (std::optional<TransportKind> kind = transport_named(name)) return *kind;
   throw Error(ErrorCode::kInvalidArgument, "unknown transport '" + name + "'");
 }
 
@@ -180,7 +177,7 @@ void bind_engine(nb::module_& m) {
             c.listen_port = listen_port;
             if (transports) {
               c.transports.clear();
-              for (const auto& t : *transports) c.transports.push_back(transport_named(t));
+              for (const auto& t : *transports) c.transports.push_back(transport_kind(t));
             }
             c.secret = secret;
             c.engine_id = engine_id;

@@ -136,6 +136,26 @@ void bind_peer(nb::module_& m) {
       .def_prop_ro("address", [](const PyPeer& p) { return p.peer.address(); })
       .def_prop_ro("transport",
                    [](const PyPeer& p) { return std::string(to_string(p.peer.transport())); })
+      .def_prop_ro(
+          "reach", [](const PyPeer& p) { return std::string(to_string(p.peer.reach())); },
+          "'same process', 'same host' or 'other host', as the handshake showed.")
+      .def_prop_ro(
+          "routes",
+          [](const PyPeer& p) {
+            nb::list out;
+            for (const RouteInfo& r : p.peer.routes()) {
+              nb::dict d;
+              d["operations"] = r.operations;
+              d["local"] = std::string(to_string(r.local));
+              d["remote"] = std::string(to_string(r.remote));
+              d["transport"] =
+                  r.transport ? nb::cast(std::string(to_string(*r.transport))) : nb::none();
+              d["why"] = r.why;
+              out.append(d);
+            }
+            return out;
+          },
+          "Which transport each class of operation takes, and why: a list of dicts.")
       .def_prop_ro("connected", [](const PyPeer& p) { return p.peer.connected(); })
       .def_prop_ro("stats",
                    [](const PyPeer& p) {

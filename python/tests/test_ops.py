@@ -161,6 +161,12 @@ def test_peer_and_engine_properties(pair):
     assert pair.peer.engine_id == pair.target.id
     assert pair.peer.incarnation == pair.target.incarnation
     assert pair.peer.transport in ("tcp", "verbs")
+    assert pair.peer.reach == "same process"
+    routes = pair.peer.routes
+    assert [r["operations"] for r in routes] == ["write/read", "write_with_imm", "send/recv"]
+    assert all(r["transport"] == pair.peer.transport for r in routes)
+    assert all(r["local"] == r["remote"] == "host" for r in routes)
+    assert f"{pair.peer.transport}: chosen" in routes[0]["why"]
     assert pair.peer.connected
     assert pair.initiator.address == "" and pair.initiator.addresses == []
     assert pair.target.address.startswith("127.0.0.1:")

@@ -64,6 +64,16 @@ std::string Status::to_string() const {
   return s;
 }
 
+std::string_view to_string(MemoryKind kind) noexcept {
+  switch (kind) {
+    case MemoryKind::kHost:
+      return "host";
+    case MemoryKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
 namespace core {
 
 Status sys_status(std::string_view call, int err, ErrorCode code) {

@@ -23,8 +23,8 @@ class ChannelSet {
   std::span<const std::shared_ptr<transport::Channel>> all() const {
     return {slots_.data(), count_};
   }
-  // The channel operations and messages go over: the first one.
-  transport::Channel& primary() const { return *slots_[0]; }
+  std::size_t size() const { return count_; }
+  transport::Channel& at(std::size_t index) const { return *slots_[index]; }
   transport::Channel* find(TransportKind kind) const {
     for (const auto& c : all()) {
       if (c->kind() == kind) return c.get();
@@ -36,7 +36,6 @@ class ChannelSet {
     for (const auto& c : all()) n += c->side_connections();
     return n;
   }
-  // The primary channel, which carries the operations, first: theirs is the reason they fail.
   void close(const Status& reason) const {
     for (const auto& c : all()) c->close(reason);
   }

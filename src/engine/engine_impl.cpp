@@ -81,7 +81,6 @@ EngineImpl::EngineImpl(const Config& cfg)
     : config((validate(cfg), cfg)),
       id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
       incarnation(nonzero_random()) {
-  std::string unusable;  // why configured transports were left out
   for (TransportKind kind : config.transports) {
     if (transport_of(kind) != nullptr) continue;  // listed twice
     const transport::TransportEntry* entry = transport::find_transport(kind);
@@ -93,13 +92,15 @@ EngineImpl::EngineImpl(const Config& cfg)
     if (auto t = entry->open(config, why)) {
       transports_.push_back(std::move(t));
     } else {
-      unusable += "; " + std::string(entry->name) + ": " + why;
+      unusable_.emplace_back(kind, why);
     }
   }
   if (transports_.empty()) {
-    throw Error(
-        ErrorCode::kUnsupported,
-        "config: none of the configured transports is usable here (" + unusable.substr(2) + ")");
+    std::string why;
+    for (const auto& [kind, reason] : unusable_)
+      why += "; " + std::string(to_string(kind)) + ": " + reason;
+    throw Error(ErrorCode::kUnsupported,
+                "config: none of the configured transports is usable here (" + why.substr(2) + ")");
   }
   reactor_ = std::make_unique<core::Reactor>(config.progress_threads, config.busy_poll);
   core::Fd socket;
@@ -269,6 +270,25 @@ std::vector<TransportKind> EngineImpl::usable_transports() const {
   return out;
 }
 
+std::vector<TransportKind> EngineImpl::channels_for(std::span<const TransportKind> offered,
+                                                    Reach reach) const {
+  std::vector<TransportKind> out;
+  for (const auto& t : transports_) {
+    if (std::find(offered.begin(), offered.end(), t->kind()) != offered.end() &&
+        engine::reaches(transport::find_transport(t->kind())->capabilities, reach)) {
+      out.push_back(t->kind());
+    }
+  }
+  return out;
+}
+
+std::string EngineImpl::unusable_reason(TransportKind kind) const {
+  for (const auto& [k, why] : unusable_) {
+    if (k == kind) return why;
+  }
+  return {};
+}
+
 Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
                                  std::span<const TransportKind> kinds, bool dialer) {
   std::weak_ptr<PeerImpl> weak = peer;
@@ -277,6 +297,11 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
     if (t == nullptr) {
       return {ErrorCode::kProtocol, "peer chose transport " + std::string(to_string(kind)) +
                                         ", which this engine did not offer"};
+    }
+    if (!engine::reaches(transport::find_transport(kind)->capabilities, peer->reach)) {
+      return {ErrorCode::kProtocol, "peer chose transport " + std::string(to_string(kind)) +
+                                        ", which cannot reach it (" +
+                                        std::string(to_string(peer->reach)) + ")"};
     }
     std::shared_ptr<transport::Channel> channel;
     transport::ChannelArgs args{*this, peer->link,
@@ -288,6 +313,8 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
     peer->open_channels.fetch_add(1);
     peer->channels.add(std::move(channel));
   }
+  peer->routes = engine::plan_routes(config, kinds, peer->reach,
+                                     [this](TransportKind k) { return unusable_reason(k); });
   return {};
 }
 
@@ -404,8 +431,8 @@ Status EngineImpl::create_peer(const engine::Hello& hello, const std::string& ad
                                const std::vector<TransportKind>& channels, core::Fd& control,
                                std::shared_ptr<PeerImpl>& out) {
   if (stopping_.load()) return {ErrorCode::kCancelled, "engine shut down"};
-  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation}, address, true,
-                         std::move(control));
+  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation, hello.locality},
+                         address, true, std::move(control));
   return make_channels(out, channels, false);
 }
 
@@ -478,6 +505,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
   engine::Hello hello;
   hello.engine_id = id;
   hello.incarnation = incarnation;
+  hello.locality = locality;
   hello.transports = usable_transports();
   core::random_bytes(hello.nonce);
   hello.wants_auth = !config.secret.empty();
@@ -487,7 +515,8 @@ Peer EngineImpl::connect(std::string_view host_port) {
   core::throw_if_error(expect(fd.get(), deadline, FrameType::kHelloAck, body));
   engine::HelloAck ack;
   core::throw_if_error(engine::decode(body, ack));
-  const engine::Identity us{id, incarnation}, them{ack.engine_id, ack.incarnation};
+  const engine::Identity us{id, incarnation, locality},
+      them{ack.engine_id, ack.incarnation, ack.locality};
   auto fail = [&](const Status& s, const std::string& step = {}) {
     throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
   };

@@ -65,8 +65,14 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void peer_closed(PeerImpl* peer);
   // Transports this engine can use now, in preference order.
   std::vector<TransportKind> usable_transports() const;
+  // The channels a client `reach` away that offered `offered` gets: those of our usable
+  // transports it offered that reach it, in our order.
+  std::vector<TransportKind> channels_for(std::span<const TransportKind> offered,
+                                          Reach reach) const;
+  // Why a configured transport could not be opened here ("" when it was).
+  std::string unusable_reason(TransportKind kind) const;
   // Channel set-up, both sides (docs/protocol.md, "Handshake"). Creates one channel of the
-  // peer per kind in `kinds`; an error refuses the peer.
+  // peer per kind in `kinds` and decides the peer's routes; an error refuses the peer.
   Status make_channels(const std::shared_ptr<PeerImpl>& peer, std::span<const TransportKind> kinds,
                        bool dialer);
   // The CHANNEL_ADDRESSES frame of the peer's channels.
@@ -108,6 +114,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   const Config config;
   const uint64_t id;
   const uint64_t incarnation;
+  const core::Locality locality = core::this_locality();
   const std::shared_ptr<transport::UnexpectedBudget> unexpected_budget =
       std::make_shared<transport::UnexpectedBudget>(config.max_unexpected_bytes_total,
                                                     config.max_unexpected_messages);
@@ -124,6 +131,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
 
   transport::RegionTable regions_;
   std::vector<std::unique_ptr<transport::Transport>> transports_;  // usable, in config order
+  std::vector<std::pair<TransportKind, std::string>> unusable_;    // configured, not opened: why
   std::unique_ptr<core::Reactor> reactor_;
   // Destroyed before the transports it may still be using (the destructor hands them to it).
   core::Teardown teardown_;

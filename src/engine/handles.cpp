@@ -79,6 +79,10 @@ uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
 uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
 std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
 TransportKind Peer::transport() const { return impl_ ? impl_->transport() : TransportKind::kTcp; }
+std::vector<RouteInfo> Peer::routes() const {
+  return impl_ ? impl_->routes.info : std::vector<RouteInfo>();
+}
+Reach Peer::reach() const { return impl_ ? impl_->reach : Reach::kOtherHost; }
 bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
 PeerStats Peer::stats() const {
   PeerStats s;
@@ -129,6 +133,26 @@ std::vector<TransportInfo> Engine::transports() {
   for (const transport::TransportEntry* entry : transport::registered_transports())
     out.push_back(entry->describe());
   return out;
+}
+
+std::vector<RouteInfo> Engine::routes(const Config& config, Reach reach) {
+  std::vector<TransportInfo> here = transports();
+  auto unusable_here = [&](TransportKind kind) -> std::string {
+    for (const TransportInfo& info : here) {
+      if (info.kind == kind) return info.usable ? std::string() : info.detail;
+    }
+    return "not built into this version";
+  };
+  std::vector<TransportKind> channels;  // a like-configured peer's, on a host like this one
+  for (TransportKind kind : config.transports) {
+    const transport::TransportEntry* entry = transport::find_transport(kind);
+    if (entry != nullptr && unusable_here(kind).empty() &&
+        engine::reaches(entry->capabilities, reach) &&
+        std::find(channels.begin(), channels.end(), kind) == channels.end()) {
+      channels.push_back(kind);
+    }
+  }
+  return engine::plan_routes(config, channels, reach, unusable_here).info;
 }
 
 }  // namespace ferry

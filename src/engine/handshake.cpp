@@ -38,6 +38,16 @@ Status read_kinds(ByteReader& r, std::vector<TransportKind>& out, const char* wh
   return {};
 }
 
+void write_locality(ByteWriter& w, const core::Locality& l) {
+  w.bytes(l.host);
+  w.u32(l.process);
+}
+
+void read_locality(ByteReader& r, core::Locality& l) {
+  r.bytes(l.host.data(), l.host.size());
+  l.process = r.u32();
+}
+
 void write_kinds(ByteWriter& w, const std::vector<TransportKind>& kinds) {
   w.u8(static_cast<uint8_t>(kinds.size()));
   for (TransportKind t : kinds) w.u8(static_cast<uint8_t>(t));
@@ -76,6 +86,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   w.u16(m.version);
   w.u64(m.engine_id);
   w.u64(m.incarnation);
+  write_locality(w, m.locality);
   write_kinds(w, m.transports);
   w.bytes(m.nonce);
   w.u8(m.wants_auth ? 1 : 0);
@@ -88,6 +99,7 @@ std::vector<uint8_t> encode(const HelloAck& m) {
   w.u16(m.version);
   w.u64(m.engine_id);
   w.u64(m.incarnation);
+  write_locality(w, m.locality);
   write_kinds(w, m.channels);
   w.bytes(m.nonce);
   w.bytes(m.token);
@@ -147,6 +159,7 @@ Status decode(std::span<const uint8_t> body, Hello& out) {
   }
   m.engine_id = r.u64();
   m.incarnation = r.u64();
+  read_locality(r, m.locality);
   if (Status s = read_kinds(r, m.transports, "hello"); !s.ok()) return s;
   r.bytes(m.nonce.data(), m.nonce.size());
   uint8_t flags = r.u8();
@@ -166,6 +179,7 @@ Status decode(std::span<const uint8_t> body, HelloAck& out) {
   }
   m.engine_id = r.u64();
   m.incarnation = r.u64();
+  read_locality(r, m.locality);
   if (Status s = read_kinds(r, m.channels, "hello-ack"); !s.ok()) return s;
   r.bytes(m.nonce.data(), m.nonce.size());
   r.bytes(m.token.data(), m.token.size());
@@ -252,14 +266,15 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
 core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
   std::vector<uint8_t> msg;
   ByteWriter w(msg);
-  std::string_view role = server ? "ferry-server-v3" : "ferry-client-v3";
+  std::string_view role = server ? "ferry-server-v4" : "ferry-client-v4";
   w.bytes({reinterpret_cast<const uint8_t*>(role.data()), role.size()});
   w.bytes(t.client_nonce);
   w.bytes(t.server_nonce);
-  w.u64(t.client.engine_id);
-  w.u64(t.client.incarnation);
-  w.u64(t.server.engine_id);
-  w.u64(t.server.incarnation);
+  for (const Identity* id : {&t.client, &t.server}) {
+    w.u64(id->engine_id);
+    w.u64(id->incarnation);
+    write_locality(w, id->locality);
+  }
   for (auto kinds : {t.offered, t.chosen}) {
     w.u8(static_cast<uint8_t>(kinds.size()));
     for (TransportKind k : kinds) w.u8(static_cast<uint8_t>(k));

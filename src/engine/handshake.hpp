@@ -11,6 +11,7 @@
 
 #include "core/crypto.hpp"
 #include "core/frame.hpp"
+#include "core/locality.hpp"
 #include "ferry/error.hpp"
 #include "ferry/types.hpp"
 
@@ -24,7 +25,9 @@ constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // messages up to 64 KiB go eager (64 KiB receive buffers); one verbs ACK names up to 4 messages.
 // 6: transports set themselves up: HELLO_ACK names the peer's channels, CHANNEL_ADDRESSES
 // carries each one's opaque address, JOIN names its channel; the MACs cover offer and choice.
-constexpr uint16_t kProtocolVersion = 6;
+// 7: HELLO and HELLO_ACK carry each side's locality (host id, process), which decides the
+// transports each side offers the other; the MACs cover it.
+constexpr uint16_t kProtocolVersion = 7;
 // Transports a peer may offer (and so channels a peer may have).
 constexpr std::size_t kMaxOfferedTransports = 8;
 
@@ -36,6 +39,7 @@ struct Hello {
   uint16_t version = kProtocolVersion;
   uint64_t engine_id = 0;
   uint64_t incarnation = 0;
+  core::Locality locality;
   std::vector<TransportKind> transports;
   Nonce nonce{};
   bool wants_auth = false;
@@ -45,8 +49,9 @@ struct HelloAck {
   uint16_t version = kProtocolVersion;
   uint64_t engine_id = 0;
   uint64_t incarnation = 0;
-  // The peer's channels: the transports both sides offer and the server can use, in the
-  // server's order; the first carries the operations.
+  core::Locality locality;
+  // The peer's channels: the transports the client offered that the server can use and that
+  // reach the client, in the server's order.
   std::vector<TransportKind> channels;
   Nonce nonce{};
   Token token{};
@@ -104,12 +109,14 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out);
 struct Identity {
   uint64_t engine_id = 0;
   uint64_t incarnation = 0;
+  core::Locality locality;
 };
 
-// What each side signs: its role, both nonces and both identities (engine id and incarnation),
-// so a MAC cannot be replayed in another session, reflected back at its sender, or used by one
-// incarnation of an engine to pass for another; and the transports the client offered and the
-// channels the server chose, so nobody between them can steer the peers to a weaker transport.
+// What each side signs: its role, both nonces and both identities (engine id, incarnation,
+// locality), so a MAC cannot be replayed in another session, reflected back at its sender, or
+// used by one incarnation of an engine to pass for another; and the transports the client
+// offered and the channels the server chose, so nobody between them can steer the peers to a
+// weaker transport (nor, by changing a locality, away from a same-host one).
 struct Transcript {
   Nonce client_nonce{};
   Nonce server_nonce{};

@@ -310,16 +310,15 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   engine::HelloAck& ack = h.ack;
   ack.engine_id = engine_.id;
   ack.incarnation = engine_.incarnation;
-  for (TransportKind t : engine_.usable_transports()) {
-    if (std::find(h.hello.transports.begin(), h.hello.transports.end(), t) !=
-        h.hello.transports.end()) {
-      ack.channels.push_back(t);
-    }
-  }
+  ack.locality = engine_.locality;
+  Reach reach = core::reach_between(engine_.locality, h.hello.locality);
+  ack.channels = engine_.channels_for(h.hello.transports, reach);
   if (ack.channels.empty()) {
     std::string ours;
     for (TransportKind t : engine_.usable_transports()) ours += " " + std::string(to_string(t));
-    return {ErrorCode::kUnsupported, "no common transport: this engine can use" + ours};
+    return {ErrorCode::kUnsupported, "no common transport reaches the peer (" +
+                                         std::string(to_string(reach)) + "): this engine can use" +
+                                         ours};
   }
   core::random_bytes(ack.nonce);
   core::random_bytes(ack.token);
@@ -351,8 +350,8 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
 engine::Transcript Listener::transcript(const Handshake& h) const {
   return {h.hello.nonce,
           h.ack.nonce,
-          {h.hello.engine_id, h.hello.incarnation},
-          {engine_.id, engine_.incarnation},
+          {h.hello.engine_id, h.hello.incarnation, h.hello.locality},
+          {engine_.id, engine_.incarnation, engine_.locality},
           h.hello.transports,
           h.ack.channels};
 }

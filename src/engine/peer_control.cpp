@@ -116,6 +116,7 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
       engine(std::move(eng)),
       link(std::make_shared<transport::PeerLink>(
           remote.engine_id, engine->config.max_unexpected_bytes, engine->unexpected_budget)),
+      reach(core::reach_between(engine->locality, remote.locality)),
       control_(std::make_shared<Control>()) {
   control_->fd = std::move(control);
   control_->reactor = &engine->reactor();

@@ -98,10 +98,37 @@ Future PeerImpl::post(OpState* op) {
   if (op->kind == OpKind::kRecv) {
     link->matcher.post(op);
   } else {
-    data_channel().post(op);
+    channels.at(op->channel).post(op);
   }
   return Future(op);
 }
+
+TransportKind PeerImpl::transport() const {
+  std::span<const uint8_t> order = route(engine::OpClass::kOneSided);
+  return channels.at(order.empty() ? 0 : order[0]).kind();
+}
+
+namespace {
+// A descriptor key as the 8 bytes OpEntry::remote_key holds.
+uint64_t key_value(const Descriptor::Key& key) {
+  uint64_t value = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    // A fixed 8-byte load, masked to the key's length: a copy of a variable length became a
+    // `rep movs` costing a third of each entry's admission.
+    static_assert(sizeof key.bytes >= sizeof value);
+    std::memcpy(&value, key.bytes, sizeof value);
+    if (key.length < sizeof value) value &= (uint64_t{1} << (8 * key.length)) - 1;
+  } else {
+    std::memcpy(&value, key.bytes, key.length);
+  }
+  return value;
+}
+
+const Descriptor::Key* usable_key(const Descriptor& d, TransportKind via) {
+  const Descriptor::Key* key = d.key_for(via);
+  return key != nullptr && key->length <= sizeof(uint64_t) ? key : nullptr;
+}
+}  // namespace
 
 PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
                                   TransportKind via) {
@@ -113,28 +140,40 @@ PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
   if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
     return Refusal::kOutOfBounds;
   }
-  const Descriptor::Key* key = remote->key_for(via);
-  if (key == nullptr || key->length > sizeof(uint64_t)) return Refusal::kNoKey;
+  const Descriptor::Key* key = usable_key(*remote, via);
+  if (key == nullptr) return Refusal::kNoKey;
   uint8_t* local = nullptr;
   uint32_t local_region = 0;
   if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
     return Refusal::kLocal;
   }
   if (t.length > 0) {
-    uint64_t remote_key = 0;
-    if constexpr (std::endian::native == std::endian::little) {
-      // A fixed 8-byte load, masked to the key's length: a copy of a variable length became a
-      // `rep movs` costing a third of each entry's admission.
-      static_assert(sizeof key->bytes >= sizeof remote_key);
-      std::memcpy(&remote_key, key->bytes, sizeof remote_key);
-      if (key->length < sizeof remote_key) remote_key &= (uint64_t{1} << (8 * key->length)) - 1;
-    } else {
-      std::memcpy(&remote_key, key->bytes, key->length);
-    }
-    op->entries.push_back(OpEntry{local, t.length, remote->region_id, remote_key, t.remote_offset,
-                                  local_region, remote->address + t.remote_offset});
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, key_value(*key),
+                                  t.remote_offset, local_region,
+                                  remote->address + t.remote_offset});
   }
   return Refusal::kNone;
+}
+
+bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t entry,
+                       std::span<const uint8_t> order) {
+  auto at = std::find(order.begin(), order.end(), op->channel);
+  for (auto next = at == order.end() ? order.end() : at + 1; next != order.end(); ++next) {
+    TransportKind via = channels.at(*next).kind();
+    bool all =
+        std::all_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(entry) + 1,
+                    [&](const Transfer& t) { return usable_key(*t.remote, via) != nullptr; });
+    if (!all) continue;
+    // Entries of zero length were checked but not added.
+    std::size_t added = 0;
+    for (std::size_t i = 0; i < entry; ++i) {
+      if (batch[i].length > 0)
+        op->entries[added++].remote_key = key_value(*usable_key(*batch[i].remote, via));
+    }
+    op->channel = *next;
+    return true;
+  }
+  return false;
 }
 
 Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refusal why) {
@@ -161,10 +200,16 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
                                         " + length " + std::to_string(t.length) +
                                         " exceeds region length " + std::to_string(remote->length)};
       break;
-    case Refusal::kNoKey:
-      s = {ErrorCode::kUnsupported,
-           "descriptor has no " + std::string(to_string(transport())) + " key"};
+    case Refusal::kNoKey: {
+      std::string kinds;
+      for (uint8_t c :
+           route(op->with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided))
+        kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(channels.at(c).kind()));
+      s = {ErrorCode::kUnsupported, "descriptor has no key for " +
+                                        (kinds.empty() ? std::string("any channel") : kinds) +
+                                        " (the peer's channels that carry it)"};
       break;
+    }
     default:
       s = local_refusal(t.local, t.local_offset, t.length);
       break;
@@ -183,14 +228,27 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
                                             uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
-  TransportKind via = transport();
+  std::span<const uint8_t> order =
+      route(op->with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided);
+  if (order.empty()) [[unlikely]] {
+    return finish_now(op, {ErrorCode::kUnsupported,
+                           std::string(op_name(op->kind, op->with_imm)) +
+                               ": no channel of the peer carries it (Peer::routes says why)"});
+  }
+  op->channel = order[0];
+  TransportKind via = channels.at(op->channel).kind();
   slices = 0;
   total = 0;
   op->entries.reserve(batch.size());  // kept across the op's reuses: one allocation at most
   // Messages are built only on refusal: the success path allocates nothing.
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
-    if (Refusal why = admit(op, t, wanted, via); why != Refusal::kNone) [[unlikely]] {
+    Refusal why = admit(op, t, wanted, via);
+    if (why == Refusal::kNoKey && reroute(op, batch, i, order)) [[unlikely]] {
+      via = channels.at(op->channel).kind();
+      why = admit(op, t, wanted, via);
+    }
+    if (why != Refusal::kNone) [[unlikely]] {
       return refuse(op, i, t, why);
     }
     slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
@@ -222,6 +280,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   p->kind = kind;
   p->with_imm = with_imm;
   p->imm = imm;
+  p->channel = op->channel;
   p->entries = op->entries;
   // Each local region once, with the span of it the batch touches: a post leases it again.
   for (const Transfer& t : batch) {
@@ -251,6 +310,7 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
     }
     op->leases.push_back(slot);
   }
+  op->channel = p.channel;
   op->entries.assign(p.entries.begin(), p.entries.end());  // capacity kept: no allocation
   return plan_and_post(op, p.slices, p.total);
 }
@@ -258,7 +318,7 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
 Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {
   if (slices == 0) return finish_now(op, {});
   // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
-  int lanes = data_channel().lanes();
+  int lanes = channels.at(op->channel).lanes();
   if (total > engine->config.stripe_threshold && lanes > 1) {
     op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
     op->first_lane = 0;
@@ -296,10 +356,17 @@ Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64
   if (Status s = take_local(op, &local, offset, length, &addr, &region_id); !s.ok()) {
     return finish_now(op, {s.code(), "send: " + s.message()});
   }
+  std::span<const uint8_t> order = route(engine::OpClass::kMessage);
+  if (order.empty()) [[unlikely]] {
+    return finish_now(op,
+                      {ErrorCode::kUnsupported,
+                       "send: no channel of the peer carries messages (Peer::routes says why)"});
+  }
+  op->channel = order[0];
   op->entries.push_back(OpEntry{addr, length, 0, 0, 0, region_id});
   op->slice_bytes = length > 0 ? length : 1;  // one frame per message
-  // All messages of a peer travel on stream (TCP) or queue pair (verbs) 0, so messages with one
-  // tag arrive in order.
+  // All messages to a peer travel on one channel (fixed when it connected) and on its stream
+  // (TCP) or queue pair (verbs) 0, so messages with one tag arrive in order.
   op->lane_count = 1;
   op->first_lane = 0;
   op->lanes[0] = {0, 0, 1};

@@ -13,6 +13,7 @@
 #include "core/net.hpp"
 #include "engine/channel_set.hpp"
 #include "engine/handshake.hpp"
+#include "engine/route.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
 
@@ -37,6 +38,7 @@ struct PreparedImpl {
   transport::OpKind kind = transport::OpKind::kWrite;
   bool with_imm = false;
   uint32_t imm = 0;
+  uint8_t channel = 0;  // the peer's channel the entries' remote keys are for
   std::vector<transport::OpEntry> entries;
   std::vector<Local> locals;
   uint64_t slices = 0;
@@ -64,9 +66,12 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   void close(const Status& reason);
   // A channel finished closing; when the last one did, every op still posted fails.
   void channel_closed(const Status& reason);
-  // The channel operations and messages use.
-  transport::Channel& data_channel() const { return channels.primary(); }
-  TransportKind transport() const { return channels.primary().kind(); }
+  // The channels to take for `op` on host memory, best first (none: no channel carries it).
+  std::span<const uint8_t> route(engine::OpClass op) const {
+    return routes.table.order(op, MemoryKind::kHost, MemoryKind::kHost);
+  }
+  // The transport write / read between host memory use.
+  TransportKind transport() const;
 
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();
@@ -81,7 +86,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const bool incoming;
   std::shared_ptr<EngineImpl> engine;
   std::shared_ptr<transport::PeerLink> link;
-  ChannelSet channels;  // filled by the handshake before anyone else sees the peer
+  const Reach reach;      // how far the peer is, as the handshake showed
+  ChannelSet channels;    // filled by the handshake before anyone else sees the peer
+  engine::Routes routes;  // decided once the channels are set
   std::atomic<bool> lost{false};
   std::atomic<std::size_t> queued_imms{0};  // its notifications waiting for next_imm()
   std::atomic<int> open_channels{0};
@@ -113,8 +120,14 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     kNoKey,
     kLocal
   };
-  // Checks one entry and, if it may go, leases its local region and adds it to the op.
+  // Checks one entry and, if it may go, leases its local region and adds it to the op with the
+  // remote key of transport `via`.
   Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, TransportKind via);
+  // An entry's descriptor has no key for the op's channel: moves the op, and the entries
+  // admitted so far, to the next channel of `order` whose key every one of them has. False
+  // when there is none.
+  [[gnu::cold]] bool reroute(transport::OpState* op, std::span<const Transfer> batch,
+                             std::size_t entry, std::span<const uint8_t> order);
   [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
                               Refusal why);
   Future post(transport::OpState* op);

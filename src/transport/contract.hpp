@@ -77,11 +77,21 @@ struct PeerLink {
   }
 };
 
+// What a transport can do (TransportEntry::capabilities); routing (engine/route.hpp) reads it.
 enum Capability : uint32_t {
-  kCapOneSided = 1,     // write / read without the target's CPU in the data path (RDMA)
-  kCapCrossHost = 2,    // reaches other machines
-  kCapInlineSmall = 4,  // small payloads travel inside the work request
+  kCapOneSided = 1,      // write / read without the target's CPU in the data path (RDMA)
+  kCapCrossHost = 2,     // reaches other machines (and so other processes)
+  kCapInlineSmall = 4,   // small payloads travel inside the work request
+  kCapCrossProcess = 8,  // reaches other processes of this host
+  kCapMessages = 16,     // tagged send / recv
+  kCapImm = 32,          // write_with_imm
 };
+
+// A set of memory kinds (bit 1 << MemoryKind) a transport moves on both ends.
+using MemoryKinds = uint8_t;
+constexpr MemoryKinds memory_bit(MemoryKind kind) {
+  return static_cast<MemoryKinds>(1U << static_cast<unsigned>(kind));
+}
 
 enum class PostResult : uint8_t {
   kAccepted,  // every slice handed to the wire or the NIC
@@ -157,7 +167,6 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual TransportKind kind() const = 0;
-  virtual uint32_t capabilities() const = 0;
   // Writes this transport's key for a region into `key` (bytes and length).
   // `access` is what the owner granted peers; a transport that checks remote access in
   // hardware (verbs) must register exactly that.

@@ -97,6 +97,7 @@ bool OpState::sleep_until(std::chrono::steady_clock::time_point deadline) {
 void OpState::reset_for_reuse() {
   kind = OpKind::kWrite;
   with_imm = false;
+  channel = 0;
   imm = 0;
   tag = 0;
   peer_token = 0;

@@ -97,6 +97,7 @@ struct OpState {
   // What to do.
   OpKind kind = OpKind::kWrite;
   bool with_imm = false;
+  uint8_t channel = 0;  // which of the peer's channels carries it (the engine's routing)
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;

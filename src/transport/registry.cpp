@@ -42,4 +42,14 @@ std::string_view to_string(TransportKind kind) noexcept {
   }
 }
 
+std::optional<TransportKind> transport_named(std::string_view name) noexcept {
+  for (const transport::TransportEntry* e : transport::registered_transports()) {
+    if (e->name == name) return e->kind;
+  }
+  for (TransportKind reserved : {TransportKind::kShm, TransportKind::kCudaIpc}) {
+    if (to_string(reserved) == name) return reserved;
+  }
+  return std::nullopt;
+}
+
 }  // namespace ferry

@@ -17,6 +17,8 @@ namespace ferry::transport {
 struct TransportEntry {
   TransportKind kind;     // its byte on the wire and in descriptors; unique
   std::string_view name;  // unique; what to_string(kind) gives
+  uint32_t capabilities;  // Capability bits
+  MemoryKinds memory;     // what it moves, on both ends
   // Opens the transport for an engine configured by `config`. Null, with `why`, when it cannot
   // be used on this host (the engine goes on without it); throws Error when the configuration
   // is invalid or names something (a device) that fails, which is never passed over silently.

@@ -224,6 +224,13 @@ TEST(Cli, Info) {
   // Aligned columns; the guest suite greps "verbs +usable" (tests/rdma/ferry.tests).
   EXPECT_TRUE(std::regex_search(text, std::regex("\n  tcp +usable +built in"))) << text;
   EXPECT_TRUE(std::regex_search(text, std::regex("\n  verbs +(usable|unusable) "))) << text;
+  // The routing decision for the default configuration, and why.
+  EXPECT_TRUE(std::regex_search(
+      text, std::regex("\nroutes with the default transports \\(verbs, tcp\\), to a peer "
+                       "configured alike:\n  peer on this host:\n    write/read +host->host +"
+                       "(tcp|verbs) +verbs: [^\n]+; tcp: [^\n]+\n")))
+      << text;
+  EXPECT_NE(text.find("  peer on another host:\n"), std::string::npos) << text;
   std::string json;
   ASSERT_EQ(run("info --json", json), 0) << json;
   EXPECT_EQ(json.front(), '{') << json;
@@ -232,7 +239,10 @@ TEST(Cli, Info) {
   for (const std::string& part :
        {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
         std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
-        std::string("],\"interfaces\":[{\"name\":\""),
+        std::string("],\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
+                    "\"host\",\"remote\":\"host\",\"transport\":\""),
+        std::string("\"other host\":[{\"operations\":\"write/read\""),
+        std::string("}]},\"interfaces\":[{\"name\":\""),
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
     EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
   }
@@ -288,10 +298,16 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
     EXPECT_NE(out.find(std::string("tcp       ") + op), std::string::npos) << op << "\n" << out;
   }
   EXPECT_EQ(out.find('\r'), std::string::npos) << "progress shown off a terminal\n" << out;
+  // Which transport each operation took, and why, before the table.
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("routes to the peer \\(same host\\):\n  write/read +host->host +tcp +"
+                      "verbs: [^\n]+; tcp: chosen \\(rank 2\\)\n  write_with_imm ")))
+      << out;
   std::string json;
   ASSERT_EQ(run("bench --op read --sizes 64KiB --iters 3 --json", json), 0) << json;
   EXPECT_NE(json.find("\"size\":65536,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"verified\":true"), std::string::npos) << json;
+  EXPECT_NE(json.find("; tcp: chosen (rank 2)\"}"), std::string::npos) << json;
   // Batches prepared once and posted again (Peer::prepare_*), all in one area, checked the
   // same way. (Not the ping-pong: over TCP its polling of memory the receiving thread copies
   // into is a data race by design, which TSan stops; the guest suite runs it over verbs.)
@@ -325,7 +341,9 @@ TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {
     // Far more than it can move before it is killed: the header says the run has started.
     Background doomed(
         {"bench", "--connect", address, "--op", "write", "--sizes", "16M", "--iters", "1000000"});
-    ASSERT_EQ(doomed.line().rfind("transport", 0), 0u);
+    std::string header;  // after the routes
+    for (int i = 0; i < 10 && header.rfind("transport", 0) != 0; ++i) header = doomed.line();
+    ASSERT_EQ(header.rfind("transport", 0), 0u) << header;
     doomed.kill_now();
   }
   std::string out;

@@ -19,7 +19,8 @@ namespace {
 
 // The target process, its address and descriptor; stdin closed or SIGKILL ends it.
 struct TargetProcess {
-  explicit TargetProcess(std::size_t size) {
+  // `transports`: the target's, by name, comma-separated (empty: the default ones).
+  explicit TargetProcess(std::size_t size, std::string transports = {}) {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe");
     posix_spawn_file_actions_t fa;
@@ -29,7 +30,9 @@ struct TargetProcess {
     posix_spawn_file_actions_addclose(&fa, in[1]);
     posix_spawn_file_actions_addclose(&fa, out[0]);
     std::string size_arg = std::to_string(size);
-    char* argv[] = {const_cast<char*>(FERRY_TEST_TARGET_PATH), size_arg.data(), nullptr};
+    std::string host_arg = "127.0.0.1";
+    char* argv[] = {const_cast<char*>(FERRY_TEST_TARGET_PATH), size_arg.data(), host_arg.data(),
+                    transports.empty() ? nullptr : transports.data(), nullptr};
     if (posix_spawn(&pid, FERRY_TEST_TARGET_PATH, &fa, nullptr, argv, environ) != 0) {
       throw std::runtime_error("posix_spawn");
     }
@@ -115,6 +118,27 @@ TEST(MultiProcess, ByteExactAcrossTheProcessBoundary) {
     ASSERT_TRUE(peer.read({&r, 1}).wait(kWait).ok()) << size;
     ASSERT_EQ(0, std::memcmp(buf.data() + off, back.data() + off, size)) << size;
   }
+}
+
+TEST(MultiProcess, ATransportThatStaysInOneProcessIsNotOfferedToAnother) {
+  constexpr std::size_t kSize = 1 << 20;
+  TargetProcess target(kSize, "loopback,tcp");
+  ASSERT_FALSE(target.address.empty());
+  Config c = test_config();
+  c.transports = {transport_named("loopback").value(), TransportKind::kTcp};
+  Engine e(c);
+  Peer peer = e.connect(target.address);
+  EXPECT_EQ(peer.reach(), Reach::kSameHost);
+  EXPECT_EQ(peer.transport(), TransportKind::kTcp);
+  std::vector<RouteInfo> routes = peer.routes();
+  ASSERT_FALSE(routes.empty());
+  EXPECT_EQ(routes[0].why, "loopback: cannot reach another process; tcp: chosen (rank 2)");
+
+  std::vector<uint8_t> buf(kSize);
+  Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
+  Transfer whole{&local, 0, &target.descriptor, 0, kSize};
+  ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
+  for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
 }
 
 TEST(MultiProcess, KilledTargetFailsInFlightOperationsWithinTheTimeout) {

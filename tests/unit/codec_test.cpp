@@ -189,6 +189,7 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
   engine::Hello h;
   h.engine_id = 1;
   h.incarnation = 2;
+  h.locality = {{7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8}, 4242};
   h.transports = {TransportKind::kVerbs, TransportKind::kTcp};
   h.nonce[3] = 9;
   h.wants_auth = true;
@@ -197,6 +198,8 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
   ASSERT_TRUE(engine::decode(body, back).ok());
   EXPECT_EQ(back.engine_id, 1u);
   EXPECT_EQ(back.incarnation, 2u);
+  EXPECT_EQ(back.locality.host, h.locality.host);
+  EXPECT_EQ(back.locality.process, 4242u);
   EXPECT_EQ(back.transports, h.transports);
   EXPECT_EQ(back.nonce, h.nonce);
   EXPECT_TRUE(back.wants_auth);
@@ -225,6 +228,8 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
 TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   engine::HelloAck a;
   a.engine_id = 5;
+  a.locality.host[15] = 3;
+  a.locality.process = 77;
   a.channels = {TransportKind::kVerbs, TransportKind::kTcp};
   a.token[0] = 1;
   a.mac = core::Mac{};
@@ -232,6 +237,8 @@ TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   engine::HelloAck a2;
   ASSERT_TRUE(engine::decode(body_of(engine::encode(a)), a2).ok());
   EXPECT_EQ(a2.channels, a.channels);
+  EXPECT_EQ(a2.locality.host, a.locality.host);
+  EXPECT_EQ(a2.locality.process, 77u);
   ASSERT_TRUE(a2.mac.has_value());
   EXPECT_EQ((*a2.mac)[31], 7);
 
@@ -335,6 +342,14 @@ TEST(Handshake, MacsBindRoleNoncesIdentitiesAndTransports) {
   incarnation = t;
   incarnation.server.incarnation = 201;
   EXPECT_TRUE(differs("k", true, incarnation));
+  // Nor can anyone move a peer to another host or process (and so away from the transports
+  // that only reach within one).
+  engine::Transcript moved = t;
+  moved.client.locality.host[0] ^= 1;
+  EXPECT_TRUE(differs("k", true, moved));
+  moved = t;
+  moved.server.locality.process = 9;
+  EXPECT_TRUE(differs("k", true, moved));
   // Nobody in between can take verbs out of the offer or the choice unnoticed.
   const std::vector<TransportKind> tcp_only{TransportKind::kTcp};
   engine::Transcript downgraded = t;

@@ -197,7 +197,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   Config c;
   c.listen_host = listen.host;
   c.listen_port = listen.port;
-  if (o.transport == "tcp") c.transports = {TransportKind::kTcp};
+  if (o.transport != "auto") c.transports = {*transport_named(o.transport)};  // checked by options
   c.secret = o.secret;
   c.progress_threads = o.threads;
   if (o.streams) c.tcp_streams = *o.streams;
@@ -213,16 +213,19 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   return c;
 }
 
-// --transport verbs on a host without RDMA fails here, before a target starts or a connection.
+// --transport naming one this host cannot use (verbs without RDMA) fails here, before a target
+// starts or a connection.
 void require_transport(const BenchOptions& o) {
-  if (o.transport != "verbs") return;
+  if (o.transport == "auto") return;
   for (const auto& t : Engine::transports()) {
-    if (t.kind != TransportKind::kVerbs) continue;
+    if (to_string(t.kind) != o.transport) continue;
     if (t.usable) return;
-    throw Error(ErrorCode::kUnsupported,
-                "--transport verbs: not available on this host: " + t.detail + " (see ferry info)");
+    throw Error(ErrorCode::kUnsupported, "--transport " + o.transport +
+                                             ": not available on this host: " + t.detail +
+                                             " (see ferry info)");
   }
-  throw Error(ErrorCode::kUnsupported, "--transport verbs: not built into this version");
+  throw Error(ErrorCode::kUnsupported,
+              "--transport " + o.transport + ": not built into this version");
 }
 
 // The fields of a control message, all of it. A malformed one fails the session, and the other
@@ -699,31 +702,52 @@ struct Initiator {
   }
 };
 
-void print_row(const Row& r, bool json, const std::string& transport) {
+// The route a benchmark operation takes (Peer::routes): its transport and why.
+struct OpRoute {
+  std::string transport;
+  std::string why;
+};
+
+OpRoute route_of(const Peer& peer, const std::string& op) {
+  std::string_view operations = op == "write_imm" ? "write_with_imm"
+                                : op == "send"    ? "send/recv"
+                                                  : "write/read";  // write, read, pingpong
+  for (const RouteInfo& r : peer.routes()) {
+    if (r.operations == operations && r.local == MemoryKind::kHost &&
+        r.remote == MemoryKind::kHost) {
+      return {r.transport ? std::string(to_string(*r.transport)) : "none", r.why};
+    }
+  }
+  return {"none", "no route"};
+}
+
+void print_row(const Row& r, bool json, const OpRoute& route) {
+  const std::string& transport = route.transport;
   char line[320];
   if (json) {
     std::snprintf(
         line, sizeof line,
         "{\"transport\":\"%s\",\"op\":\"%s\",\"size\":%llu,\"batch\":%d,\"concurrency\":%d,"
         "\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mb_per_s\":%.1f,\"ops_per_s\":%.0f,"
-        "\"prepared\":%s,\"verified\":%s}",
+        "\"prepared\":%s,\"verified\":%s,\"why\":",
         transport.c_str(), r.op.c_str(), static_cast<unsigned long long>(r.size), r.batch,
         r.concurrency, r.iters, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s,
         r.prepared ? "true" : "false", r.verified ? "true" : "false");
-  } else {
-    std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
-                  transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch,
-                  r.concurrency, r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s);
+    std::cout << line << json_string(route.why) << "}" << std::endl;
+    return;
   }
+  std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
+                transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch, r.concurrency,
+                r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s);
   std::cout << line << std::endl;
 }
 
 // One connection's whole benchmark, after the connection.
 void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   const Peer& peer = mail.peer();
-  if (o.transport == "verbs" && peer.transport() != TransportKind::kVerbs) {
+  if (o.transport != "auto" && to_string(peer.transport()) != o.transport) {
     throw Error(ErrorCode::kUnsupported,
-                "verbs is not available between these peers (see ferry info)");
+                o.transport + " is not available between these peers (see ferry info)");
   }
   uint64_t bytes = buffer_bytes(o);
   Descriptor remote =
@@ -738,20 +762,23 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   fill(ini.buf.data(), bytes, 7);
 
   if (!o.json) {
-    std::printf("%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
+    std::cout << "routes to the peer (" << to_string(peer.reach()) << "):\n";
+    print_routes(std::cout, peer.routes(), "  ");
+    std::printf("\n%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");
     std::fflush(stdout);  // a reader of a pipe sees the run start
   }
-  std::string transport(to_string(peer.transport()));
   for (const auto& op : o.ops) {
+    OpRoute route = route_of(peer, op);
+    const std::string& transport = route.transport;
     for (uint64_t size : o.sizes) {
       if (!o.scatter) {
-        print_row(ini.run(op, size), o.json, transport);
+        print_row(ini.run(op, size), o.json, route);
         continue;
       }
       Initiator::ScatterResult r = ini.scatter(op, size);
-      print_row(r.contiguous, o.json, transport);
-      print_row(r.scattered, o.json, transport);
+      print_row(r.contiguous, o.json, route);
+      print_row(r.scattered, o.json, route);
       double ratio = r.scattered.mb_per_s / r.contiguous.mb_per_s;
       char line[256];
       if (o.json) {

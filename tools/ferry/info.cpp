@@ -12,7 +12,6 @@
 #include "ferry/ferry.hpp"
 
 namespace ferry::cli {
-namespace {
 
 std::string json_string(std::string_view s) {
   std::string out = "\"";
@@ -31,7 +30,20 @@ std::string json_string(std::string_view s) {
   return out + "\"";
 }
 
+namespace {
+
 const char* json_bool(bool b) { return b ? "true" : "false"; }
+
+std::string memory_text(const RouteInfo& r) {
+  return std::string(to_string(r.local)) + "->" + std::string(to_string(r.remote));
+}
+
+std::string transport_text(const RouteInfo& r) {
+  return r.transport ? std::string(to_string(*r.transport)) : std::string("none");
+}
+
+// The routes an engine with the default configuration would take, by the peer's reach.
+constexpr Reach kShownReach[] = {Reach::kSameHost, Reach::kOtherHost};
 
 void print_json(const std::vector<TransportInfo>& transports,
                 const std::vector<InterfaceAddress>& interfaces) {
@@ -45,7 +57,12 @@ void print_json(const std::vector<TransportInfo>& transports,
       out += (d ? "," : "") + json_string(t.devices[d]);
     out += "]}";
   }
-  out += "],\"interfaces\":[";
+  out += "],\"routes\":{";
+  for (Reach reach : kShownReach) {
+    out += std::string(reach == kShownReach[0] ? "" : ",") + json_string(to_string(reach)) + ":" +
+           routes_json(Engine::routes(Config{}, reach));
+  }
+  out += "},\"interfaces\":[";
   for (std::size_t i = 0; i < interfaces.size(); ++i) {
     const auto& a = interfaces[i];
     out += std::string(i ? "," : "") + "{\"name\":" + json_string(a.name) +
@@ -76,6 +93,17 @@ void print_text(const std::vector<TransportInfo>& transports,
   for (const auto& t : transports) {
     std::cout << "  " << pad(name(t), name_w) << pad(state(t), state_w) << t.detail << "\n";
     if (t.kind == TransportKind::kVerbs) rdma_devices = t.devices;
+  }
+  std::string configured;
+  for (TransportKind kind : Config{}.transports) {
+    configured += (configured.empty() ? "" : ", ") + std::string(to_string(kind));
+  }
+  std::cout << "\nroutes with the default transports (" << configured
+            << "), to a peer configured alike:\n";
+  for (Reach reach : kShownReach) {
+    std::cout << "  peer on " << (reach == Reach::kSameHost ? "this host" : "another host")
+              << ":\n";
+    print_routes(std::cout, Engine::routes(Config{}, reach), "    ");
   }
   std::cout << "\nnetwork interfaces (tcp):\n";
   std::size_t if_w = widest(interfaces, [](const InterfaceAddress& a) { return a.name; });
@@ -110,6 +138,29 @@ std::vector<InterfaceAddress> interface_addresses() {
   }
   freeifaddrs(list);
   return out;
+}
+
+void print_routes(std::ostream& out, const std::vector<RouteInfo>& routes,
+                  const std::string& indent) {
+  std::size_t op_w = widest(routes, [](const RouteInfo& r) { return r.operations; });
+  std::size_t mem_w = widest(routes, memory_text);
+  std::size_t tr_w = widest(routes, transport_text);
+  for (const RouteInfo& r : routes) {
+    out << indent << pad(r.operations, op_w) << pad(memory_text(r), mem_w)
+        << pad(transport_text(r), tr_w) << r.why << "\n";
+  }
+}
+
+std::string routes_json(const std::vector<RouteInfo>& routes) {
+  std::string out = "[";
+  for (const RouteInfo& r : routes) {
+    out += std::string(out.size() > 1 ? "," : "") + "{\"operations\":" + json_string(r.operations) +
+           ",\"local\":" + json_string(to_string(r.local)) +
+           ",\"remote\":" + json_string(to_string(r.remote)) + ",\"transport\":" +
+           (r.transport ? json_string(to_string(*r.transport)) : std::string("null")) +
+           ",\"why\":" + json_string(r.why) + "}";
+  }
+  return out + "]";
 }
 
 int run_info(bool json) {

@@ -1,8 +1,12 @@
 // `ferry info` and the host's interface addresses, which `ferry bench --listen` shows too.
 #pragma once
 
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "ferry/ferry.hpp"
 
 namespace ferry::cli {
 
@@ -18,5 +22,13 @@ struct InterfaceAddress {
 std::vector<InterfaceAddress> interface_addresses();
 
 int run_info(bool json);
+
+// `s` as a JSON string, quoted and escaped.
+std::string json_string(std::string_view s);
+// One line per route: operations, memory kinds, transport and why, each line after `indent`.
+void print_routes(std::ostream& out, const std::vector<RouteInfo>& routes,
+                  const std::string& indent);
+// A JSON array of the routes.
+std::string routes_json(const std::vector<RouteInfo>& routes);
 
 }  // namespace ferry::cli

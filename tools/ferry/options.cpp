@@ -146,8 +146,12 @@ std::vector<std::string> ops_value(const std::string& flag, const std::string& t
 }
 
 std::string transport_value(const std::string& flag, const std::string& text) {
-  if (text != "auto" && text != "tcp" && text != "verbs")
-    bad(flag, in_quotes(text) + " is not one of auto, tcp, verbs");
+  if (text != "auto" && !transport_named(text)) {
+    std::string names;
+    for (const TransportInfo& t : Engine::transports())
+      names += ", " + std::string(to_string(t.kind));
+    bad(flag, in_quotes(text) + " is not one of auto" + names);
+  }
   return text;
 }
 
@@ -237,7 +241,7 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       ->type_name("N")
       ->default_str(std::to_string(o.concurrency));
   add(b, "--transport", o.transport, transport_value,
-      "Transport: auto (best present), tcp or verbs")
+      "Transport: auto (the best both sides have, see ferry info) or one by name (tcp, verbs)")
       ->type_name("NAME")
       ->default_str(o.transport);
   add(b, "--iters", o.iters, count(1, kMaxIters),

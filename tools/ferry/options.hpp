@@ -29,7 +29,7 @@ struct BenchOptions {
   std::vector<uint64_t> sizes = default_sizes();
   int batch = 1;
   int concurrency = 1;
-  std::string transport = "auto";  // auto (best present), tcp, verbs
+  std::string transport = "auto";  // auto (routing decides), or one transport's name
   std::optional<int> iters;        // unset: chosen per size
   bool json = false;
   std::string secret;

@@ -23,7 +23,12 @@ std::size_t worst_case_channel_bytes(const Config&) { return sizeof(loopback::Lo
 }  // namespace
 
 const TransportEntry& loopback_entry() {
-  static const TransportEntry entry{loopback::kKind, "loopback", open, describe,
+  static const TransportEntry entry{loopback::kKind,
+                                    "loopback",
+                                    kCapMessages | kCapImm,
+                                    memory_bit(MemoryKind::kHost),
+                                    open,
+                                    describe,
                                     worst_case_channel_bytes};
   return entry;
 }

@@ -180,7 +180,8 @@ bool LoopbackChannel::copy_slice(OpState& op, std::size_t index, uint64_t offset
   } else {
     uint8_t* addr = nullptr;
     RegionUse use;  // held while copying: a deregistration waits for it
-    s = to.host_.regions().acquire(e.remote_region, e.remote_key, e.remote_offset + offset, length,
+    s = to.host_.regions().acquire(e.remote_region, e.remote_key ^ LoopbackTransport::kKeyFlip,
+                                   e.remote_offset + offset, length,
                                    write ? Access::kRemoteWrite : Access::kRemoteRead, &addr, use);
     if (s.ok() && write) std::memcpy(addr, e.local + offset, length);
     if (s.ok() && !write) std::memcpy(e.local + offset, addr, length);

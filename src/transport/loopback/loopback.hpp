@@ -93,11 +93,13 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
 class LoopbackTransport final : public Transport {
  public:
   TransportKind kind() const override { return kKind; }
-  uint32_t capabilities() const override { return 0; }
-  // The target's region table checks every access: its key is the descriptor's key, as TCP's.
+  // The target's region table checks every access, as over TCP, but the key differs from
+  // TCP's (the table key, flipped): a key sent over the wrong channel is refused, as between
+  // real transports, which lets tests catch it.
+  static constexpr uint64_t kKeyFlip = 0x6c6f6f7062616b6bULL;
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
                          std::span<uint8_t> key, uint8_t& key_length) override {
-    return table_key_as_key(table_key, key, key_length);
+    return table_key_as_key(table_key ^ kKeyFlip, key, key_length);
   }
   void deregister_region(uint32_t) override {}
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;

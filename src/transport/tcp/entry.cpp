@@ -36,7 +36,12 @@ std::size_t worst_case_channel_bytes(const Config& config) {
 }  // namespace
 
 const TransportEntry& tcp_entry() {
-  static const TransportEntry entry{TransportKind::kTcp, "tcp", open, describe,
+  static const TransportEntry entry{TransportKind::kTcp,
+                                    "tcp",
+                                    kCapCrossHost | kCapCrossProcess | kCapMessages | kCapImm,
+                                    memory_bit(MemoryKind::kHost),
+                                    open,
+                                    describe,
                                     worst_case_channel_bytes};
   return entry;
 }

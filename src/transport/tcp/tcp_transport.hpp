@@ -11,7 +11,6 @@ class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const TcpOptions& options) : options_(options) {}
   TransportKind kind() const override { return TransportKind::kTcp; }
-  uint32_t capabilities() const override { return kCapCrossHost; }
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
                          std::span<uint8_t> key, uint8_t& key_length) override {
     return table_key_as_key(table_key, key, key_length);

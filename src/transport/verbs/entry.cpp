@@ -54,8 +54,14 @@ std::size_t worst_case_channel_bytes(const Config& config) {
 }  // namespace
 
 const TransportEntry& verbs_entry() {
-  static const TransportEntry entry{TransportKind::kVerbs, "verbs", open, describe,
-                                    worst_case_channel_bytes};
+  static const TransportEntry entry{
+      TransportKind::kVerbs,
+      "verbs",
+      kCapOneSided | kCapCrossHost | kCapCrossProcess | kCapInlineSmall | kCapMessages | kCapImm,
+      memory_bit(MemoryKind::kHost),
+      open,
+      describe,
+      worst_case_channel_bytes};
   return entry;
 }
 

@@ -29,7 +29,6 @@ class VerbsDevice final : public Transport {
   ~VerbsDevice() override;
 
   TransportKind kind() const override { return TransportKind::kVerbs; }
-  uint32_t capabilities() const override { return kCapOneSided | kCapCrossHost | kCapInlineSmall; }
   Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
                          uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) override;
   void deregister_region(uint32_t region_id) override;
