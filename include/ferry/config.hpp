@@ -23,6 +23,35 @@ inline std::vector<TransportKind> default_transports() {
   return t;
 }
 
+// TCP's settings (Config::tcp); docs/performance.md has the measurements behind each default.
+struct TcpConfig {
+  // Sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained nothing more.
+  int streams = 2;
+  // Unacknowledged slices per socket: bounds the target's response queue.
+  int slices_in_flight_per_stream = 64;
+  // A send() above this is announced first and its bytes sent once the receiver's receive
+  // takes it, straight into that receive: the receiver buffers no message larger than this.
+  // Smaller ones go at once (buffered if no receive waits). The announcement costs a round
+  // trip: on loopback, announced messages reached 0.65x the eager bandwidth at 256 KiB, 0.75x
+  // at 1 MiB, 0.9-1x at 4 MiB (docs/performance.md).
+  std::size_t eager_bytes = 1 << 20;
+};
+
+// The verbs transport's settings (Config::verbs).
+struct VerbsConfig {
+  // Device name (empty: the first with an active port; an unknown name is an error).
+  std::string device{};
+  // GID index (-1: the routable RoCE v2 GID).
+  int gid_index = -1;
+  // RC queue pairs per peer.
+  int qps = 2;
+  // A large message may be written by the sender straight into a posted receive whose region
+  // grants remote write (no copy). Off by default: the sending peer then learns that region's
+  // key and could write anywhere in it until it is deregistered, as a peer given its
+  // descriptor could. Otherwise such messages are sent in pieces and copied.
+  bool zero_copy_receives = false;
+};
+
 struct Config {
   // Accept connecting peers. An engine that only initiates can set false: it opens no port
   // (address() is then empty), and each peer it connects to still uses its connection both
@@ -40,11 +69,9 @@ struct Config {
   // and why). Those that cannot be used on this host are skipped (an explicitly named device
   // that fails is an error); at least one must remain.
   std::vector<TransportKind> transports = default_transports();
-  // Verbs: device name (empty: the first with an active port; an unknown name is an error),
-  // GID index (-1: the routable RoCE v2 GID), and queue pairs per peer.
-  std::string rdma_device{};
-  int rdma_gid_index = -1;
-  int verbs_qps = 2;
+  // Each transport's own settings (it reads them when it opens and makes channels).
+  TcpConfig tcp{};
+  VerbsConfig verbs{};
   // Threads that drive sockets and completions.
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).
@@ -53,20 +80,11 @@ struct Config {
   uint64_t engine_id = 0;
 
   // Speed settings; docs/performance.md has the measurements behind each default.
-  // Sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained nothing more.
-  int tcp_streams = 2;
   // Large transfers are cut into slices of this size; 1-4 MiB were equal, 256 KiB ~10% slower.
   std::size_t slice_bytes = 1 << 20;
-  // Operations above this are spread over all sockets; smaller ones stay on one, in turn.
+  // Operations above this are spread over all lanes (sockets, queue pairs); smaller ones stay
+  // on one, in turn.
   std::size_t stripe_threshold = 1 << 20;
-  // Unacknowledged slices per socket: bounds the target's response queue.
-  int slices_in_flight_per_stream = 64;
-  // A TCP send() above this is announced first and its bytes sent once the receiver's receive
-  // takes it, straight into that receive: the receiver buffers no message larger than this.
-  // Smaller ones go at once (buffered if no receive waits). The announcement costs a round
-  // trip: on loopback, announced messages reached 0.65x the eager bandwidth at 256 KiB, 0.75x
-  // at 1 MiB, 0.9-1x at 4 MiB (docs/performance.md).
-  std::size_t tcp_eager_bytes = 1 << 20;
   // Progress threads spin this long after work before sleeping (over verbs: keep polling the
   // completion queue). 0 on few-core hosts: on 2 cores 50 us tripled the 8-byte write latency
   // (spinning threads starve the ones with work).
@@ -110,11 +128,6 @@ struct Config {
   std::size_t max_handshakes = 256;
   // Handshakes pending from one source address; more are refused at once.
   int max_handshakes_per_source = 32;
-  // Over verbs, a large message may be written by the sender straight into a posted receive
-  // whose region grants remote write (no copy). Off by default: the sending peer then learns
-  // that region's key and could write anywhere in it until it is deregistered, as a peer given
-  // its descriptor could. Otherwise such messages are sent in pieces and copied.
-  bool zero_copy_receives = false;
 };
 
 }  // namespace ferry

@@ -151,20 +151,31 @@ class FERRY_API Prepared {
   std::shared_ptr<const detail::PreparedImpl> impl_;
 };
 
-// Tagged messages exchanged with one peer since it connected, by the transport that carried
-// them: messages of a verbs peer travel over verbs, others over TCP.
+// What one of a peer's channels (one per transport both sides chose) carried since the peer
+// connected.
+struct ChannelStats {
+  TransportKind transport{};
+  int lanes = 0;                   // parallel paths: TCP streams, verbs queue pairs
+  uint64_t messages_sent = 0;      // tagged messages acknowledged by the receiver as taken
+  uint64_t messages_received = 0;  // taken by a receive or buffered
+  // Of those received, the ones the sender wrote straight into the receive buffer (verbs: a
+  // large message into a region that grants remote write); the others were copied.
+  uint64_t messages_zero_copy = 0;
+};
+
 struct PeerStats {
-  uint64_t tcp_messages_sent = 0;  // acknowledged by the receiver as taken
-  uint64_t tcp_messages_received = 0;
-  uint64_t verbs_messages_sent = 0;
-  uint64_t verbs_messages_received = 0;
-  // Received messages the sender wrote straight into the receive buffer (a large message into
-  // a region that grants remote write); the others were copied from receive buffers.
-  uint64_t verbs_messages_zero_copy = 0;
+  std::vector<ChannelStats> channels;  // in the peer's channel order
   // Unmatched incoming messages held for this peer now (buffered, or arriving with no receive
   // posted), and the bytes they count against Config::max_unexpected_bytes.
   uint64_t unexpected_messages = 0;
   uint64_t unexpected_bytes = 0;
+  // The channel of that transport; null when the peer has none.
+  const ChannelStats* channel(TransportKind transport) const noexcept {
+    for (const ChannelStats& c : channels) {
+      if (c.transport == transport) return &c;
+    }
+    return nullptr;
+  }
 };
 
 // How a peer's operations of one class travel between memory of two kinds, and why

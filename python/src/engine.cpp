@@ -182,10 +182,10 @@ void bind_engine(nb::module_& m) {
             c.secret = secret;
             c.engine_id = engine_id;
             c.progress_threads = progress_threads;
-            c.rdma_device = rdma_device;
-            c.rdma_gid_index = rdma_gid_index;
-            c.verbs_qps = verbs_qps;
-            c.tcp_streams = tcp_streams;
+            c.verbs.device = rdma_device;
+            c.verbs.gid_index = rdma_gid_index;
+            c.verbs.qps = verbs_qps;
+            c.tcp.streams = tcp_streams;
             c.slice_bytes = slice_bytes;
             c.stripe_threshold = stripe_threshold;
             c.busy_poll = seconds(busy_poll, "busy_poll");
@@ -195,14 +195,14 @@ void bind_engine(nb::module_& m) {
             c.max_unexpected_bytes = max_unexpected_bytes;
             c.max_unexpected_messages = max_unexpected_messages;
             c.max_unexpected_bytes_total = max_unexpected_bytes_total;
-            c.zero_copy_receives = zero_copy_receives;
+            c.verbs.zero_copy_receives = zero_copy_receives;
             c.max_peers = max_peers;
             c.max_handshakes = max_handshakes;
             c.max_handshakes_per_source = max_handshakes_per_source;
             c.max_queued_imms = max_queued_imms;
             c.max_queued_imms_total = max_queued_imms_total;
             c.revoke_timeout = seconds(revoke_timeout, "revoke_timeout");
-            c.tcp_eager_bytes = tcp_eager_bytes;
+            c.tcp.eager_bytes = tcp_eager_bytes;
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -213,9 +213,9 @@ void bind_engine(nb::module_& m) {
           nb::kw_only(), "listen"_a = defaults.listen, "listen_host"_a = defaults.listen_host,
           "listen_port"_a = defaults.listen_port, "transports"_a = nb::none(),
           "secret"_a = defaults.secret, "engine_id"_a = defaults.engine_id,
-          "progress_threads"_a = defaults.progress_threads, "rdma_device"_a = defaults.rdma_device,
-          "rdma_gid_index"_a = defaults.rdma_gid_index, "verbs_qps"_a = defaults.verbs_qps,
-          "tcp_streams"_a = defaults.tcp_streams, "slice_bytes"_a = defaults.slice_bytes,
+          "progress_threads"_a = defaults.progress_threads, "rdma_device"_a = defaults.verbs.device,
+          "rdma_gid_index"_a = defaults.verbs.gid_index, "verbs_qps"_a = defaults.verbs.qps,
+          "tcp_streams"_a = defaults.tcp.streams, "slice_bytes"_a = defaults.slice_bytes,
           "stripe_threshold"_a = defaults.stripe_threshold,
           "busy_poll"_a = std::chrono::duration<double>(defaults.busy_poll).count(),
           "wait_spin"_a = std::chrono::duration<double>(defaults.wait_spin).count(),
@@ -224,13 +224,13 @@ void bind_engine(nb::module_& m) {
           "max_unexpected_bytes"_a = defaults.max_unexpected_bytes,
           "max_unexpected_messages"_a = defaults.max_unexpected_messages,
           "max_unexpected_bytes_total"_a = defaults.max_unexpected_bytes_total,
-          "zero_copy_receives"_a = defaults.zero_copy_receives, "max_peers"_a = defaults.max_peers,
-          "max_handshakes"_a = defaults.max_handshakes,
+          "zero_copy_receives"_a = defaults.verbs.zero_copy_receives,
+          "max_peers"_a = defaults.max_peers, "max_handshakes"_a = defaults.max_handshakes,
           "max_handshakes_per_source"_a = defaults.max_handshakes_per_source,
           "max_queued_imms"_a = defaults.max_queued_imms,
           "max_queued_imms_total"_a = defaults.max_queued_imms_total,
           "revoke_timeout"_a = std::chrono::duration<double>(defaults.revoke_timeout).count(),
-          "tcp_eager_bytes"_a = defaults.tcp_eager_bytes,
+          "tcp_eager_bytes"_a = defaults.tcp.eager_bytes,
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
           "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
       .def_prop_ro(

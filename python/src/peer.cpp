@@ -161,11 +161,16 @@ void bind_peer(nb::module_& m) {
                    [](const PyPeer& p) {
                      PeerStats s = p.peer.stats();
                      nb::dict d;
-                     d["tcp_messages_sent"] = s.tcp_messages_sent;
-                     d["tcp_messages_received"] = s.tcp_messages_received;
-                     d["verbs_messages_sent"] = s.verbs_messages_sent;
-                     d["verbs_messages_received"] = s.verbs_messages_received;
-                     d["verbs_messages_zero_copy"] = s.verbs_messages_zero_copy;
+                     nb::dict channels;  // by transport name
+                     for (const ChannelStats& c : s.channels) {
+                       nb::dict ch;
+                       ch["lanes"] = c.lanes;
+                       ch["messages_sent"] = c.messages_sent;
+                       ch["messages_received"] = c.messages_received;
+                       ch["messages_zero_copy"] = c.messages_zero_copy;
+                       channels[std::string(to_string(c.transport)).c_str()] = ch;
+                     }
+                     d["channels"] = channels;
                      d["unexpected_messages"] = s.unexpected_messages;
                      d["unexpected_bytes"] = s.unexpected_bytes;
                      return d;

@@ -154,7 +154,10 @@ def test_tagged_send_recv_in_order_both_directions(pair):
     pair.target_peer.send(6, r_in, length=50).wait(WAIT)
     assert f.wait(WAIT) == 50 and f.bytes == 50
     assert np.array_equal(back[:50], inbox[:50])
-    assert pair.peer.stats[f"{pair.peer.transport}_messages_sent"] == 10
+    channels = pair.peer.stats["channels"]
+    assert channels[pair.peer.transport]["messages_sent"] == 10
+    assert channels[pair.peer.transport]["lanes"] >= 1
+    assert sum(c["messages_received"] for c in channels.values()) == 1
 
 
 def test_peer_and_engine_properties(pair):

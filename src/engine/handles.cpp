@@ -87,13 +87,11 @@ bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
 PeerStats Peer::stats() const {
   PeerStats s;
   if (!impl_) return s;
-  const transport::PeerLink& link = *impl_->link;
-  s.tcp_messages_sent = link.tcp_messages.sent.load();
-  s.tcp_messages_received = link.tcp_messages.received.load();
-  s.verbs_messages_sent = link.verbs_messages.sent.load();
-  s.verbs_messages_received = link.verbs_messages.received.load();
-  s.verbs_messages_zero_copy = link.verbs_messages.zero_copy.load();
-  transport::Matcher::Usage unexpected = link.matcher.usage();
+  for (const auto& c : impl_->channels.all()) {
+    s.channels.push_back({c->kind(), c->lanes(), c->messages.sent.load(),
+                          c->messages.received.load(), c->messages.zero_copy.load()});
+  }
+  transport::Matcher::Usage unexpected = impl_->link->matcher.usage();
   s.unexpected_messages = unexpected.messages;
   s.unexpected_bytes = unexpected.bytes;
   return s;

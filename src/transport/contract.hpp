@@ -42,7 +42,7 @@ class Host {
   ~Host() = default;
 };
 
-// Tagged messages one transport carried for a peer (Peer::stats).
+// Tagged messages one channel carried for a peer (Peer::stats).
 struct MessageCounters {
   std::atomic<uint64_t> sent{0};       // acknowledged as taken (whole or truncated)
   std::atomic<uint64_t> received{0};   // taken by a receive or buffered
@@ -62,8 +62,6 @@ struct PeerLink {
   std::weak_ptr<void> owner;  // the engine's object for this peer: where notifications came from
   std::shared_ptr<OpPool> pool;
   Matcher matcher;
-  MessageCounters tcp_messages;
-  MessageCounters verbs_messages;
 
   // Fails every posted op and receive with `reason`; call only when no channel of the peer
   // can touch user memory any more.
@@ -144,6 +142,8 @@ class Channel {
   // of it for the peer), it closes with `why`, which fails the access and lets the region go.
   // Asynchronous.
   virtual void cut_off(const uint8_t* base, uint64_t length, const Status& why) = 0;
+
+  MessageCounters messages;  // counted by the transport, read by Peer::stats()
 };
 
 // What a transport gets to create one peer's channel.

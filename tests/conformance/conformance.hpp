@@ -38,7 +38,7 @@ inline bool conformance_required(TransportKind kind) {
 inline Config conformance_config(TransportKind kind) {
   Config c = test_config();
   c.transports = {kind};
-  c.tcp_streams = 4;
+  c.tcp.streams = 4;
   c.slice_bytes = 64 << 10;
   return c;
 }

@@ -199,7 +199,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"inof", 2, "did you mean 'info'?"},
       {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info)"},
       {"--version", 0, "ferry " + std::string(Engine::version())},
-      {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp_streams)},
+      {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp.streams)},
       {"bench --help", 0, "--transport NAME=auto"},
       {"bench --help", 0, "--sizes SIZES=4K,16K,64K,256K,1M,4M,16M,64M"},
       {"bench --help", 0,

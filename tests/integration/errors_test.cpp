@@ -124,7 +124,7 @@ TEST(Registration, RejectsBadArguments) {
 
 TEST(Config, RejectsBadSettings) {
   Config c = test_config();
-  c.tcp_streams = 0;
+  c.tcp.streams = 0;
   EXPECT_THROW(Engine{c}, Error);
   c = test_config();
   c.slice_bytes = 100;

@@ -268,7 +268,7 @@ TEST(Hostile, AProvenNewerIncarnationReplacesTheOlder) {
 
 TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
   Config c = test_config();
-  c.tcp_streams = 1;
+  c.tcp.streams = 1;
   Engine server(c);
   RawPeer raw(server, 90, kOtherHost);
   Raw& control = raw.control;
@@ -290,7 +290,7 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
 
 TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   Config c = test_config();
-  c.tcp_streams = 1;
+  c.tcp.streams = 1;
   c.revoke_timeout = std::chrono::milliseconds(200);
   Engine server(c);
   std::vector<uint8_t> mem(1 << 20, 0);
@@ -356,7 +356,7 @@ TEST(Hostile, APeerThatNeverAnswersCannotHoldADeregistrationOfOurs) {
 
 TEST(Hostile, UnfinishedNotificationsPastTheLimitDropThePeerNotTheNotification) {
   Config c = test_config();
-  c.tcp_streams = 1;
+  c.tcp.streams = 1;
   Engine server(c);
   std::vector<uint8_t> mem(64, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);

@@ -168,13 +168,20 @@ TEST(SendRecv, MatchesByTagInOrderBeforeAndAfterArrival) {
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 100, dst.bytes.data(), 10));
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 300, dst.bytes.data() + 100, 20));
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 200, dst.bytes.data() + 200, 30));
-  // Counted once each, on the transport that carried them.
-  bool verbs = p.peer.transport() == TransportKind::kVerbs;
+  // Counted once each, on the channel that carried them (the send/recv route).
   PeerStats in = p.target_peer.stats(), out = p.peer.stats();
-  EXPECT_EQ(verbs ? in.verbs_messages_received : in.tcp_messages_received, 4u);
-  EXPECT_EQ(verbs ? out.verbs_messages_sent : out.tcp_messages_sent, 4u);
-  EXPECT_EQ(in.tcp_messages_received + in.verbs_messages_received, 4u);
-  EXPECT_EQ(out.tcp_messages_received + out.verbs_messages_received, 0u);
+  ASSERT_EQ(in.channels.size(), out.channels.size());
+  const ChannelStats* carried = out.channel(*p.peer.routes()[2].transport);
+  ASSERT_NE(carried, nullptr);
+  EXPECT_EQ(carried->messages_sent, 4u);
+  EXPECT_EQ(in.channel(carried->transport)->messages_received, 4u);
+  uint64_t received = 0, initiator_moved = 0;  // over every channel
+  for (const ChannelStats& c : in.channels) received += c.messages_received;
+  for (const ChannelStats& c : out.channels)
+    initiator_moved += c.messages_sent + c.messages_received;
+  EXPECT_EQ(received, 4u);
+  EXPECT_EQ(initiator_moved, 4u);
+  EXPECT_GE(carried->lanes, 1);
 }
 
 TEST(SendRecv, LargeMessagesAndTruncation) {
@@ -209,12 +216,12 @@ TEST(SendRecv, BothDirectionsAndUnexpectedLimit) {
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
 }
 
-// Over TCP a message above tcp_eager_bytes is announced; its bytes wait at the sender until a
+// Over TCP a message above tcp.eager_bytes is announced; its bytes wait at the sender until a
 // receive takes it, and then land in that receive. (Over verbs, large messages have their own
 // rendezvous; this checks the same outcomes there.)
 TEST(SendRecv, LargeMessagesWaitForTheirReceiveAndLandInIt) {
   Config c = test_config();
-  c.tcp_eager_bytes = 64 << 10;
+  c.tcp.eager_bytes = 64 << 10;
   Pair p(c, c);
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 21);
   Buffer dst(p.target, 1 << 20, Access::kLocal, 22);
@@ -261,7 +268,7 @@ TEST(SendRecv, LargeMessagesWaitForTheirReceiveAndLandInIt) {
 
 TEST(SendRecv, AnAnnouncedMessageFailsWithItsPeer) {
   Config c = test_config();
-  c.tcp_eager_bytes = 4096;
+  c.tcp.eager_bytes = 4096;
   Pair p(c, c);
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 24);
   Future waiting = p.peer.send(7, src.region, 0, 1 << 20);

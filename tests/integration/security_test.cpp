@@ -96,7 +96,7 @@ TEST(Wire, GarbageAndForeignProtocolsAreRefused) {
 
 TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
   Config c = test_config();
-  c.tcp_streams = 1;
+  c.tcp.streams = 1;
   Engine server(c);
   std::vector<uint8_t> mem(4096, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteReadWrite);
@@ -128,7 +128,7 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
 // frame drops the peer before any byte of it is written.
 TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
   Config c = test_config();
-  c.tcp_streams = 1;
+  c.tcp.streams = 1;
   Engine server(c);
   std::vector<uint8_t> mem(8192, 0);
   Region region = server.register_memory(mem.data(), 4096, Access::kRemoteReadWrite);

@@ -139,11 +139,15 @@ TEST_F(Verbs, SmallMessagesGoEagerOverVerbs) {
   ASSERT_TRUE(back.wait(kWait).ok());
   // Every one went over verbs, none over TCP.
   PeerStats target = p.target_peer.stats(), initiator = p.peer.stats();
-  EXPECT_EQ(target.verbs_messages_received, 4u);
-  EXPECT_EQ(initiator.verbs_messages_sent, 4u);
-  EXPECT_EQ(initiator.verbs_messages_received, 1u);
-  EXPECT_EQ(target.tcp_messages_received + initiator.tcp_messages_received, 0u);
-  EXPECT_EQ(target.verbs_messages_zero_copy, 0u);
+  const ChannelStats& target_verbs = *target.channel(TransportKind::kVerbs);
+  const ChannelStats& initiator_verbs = *initiator.channel(TransportKind::kVerbs);
+  EXPECT_EQ(target_verbs.messages_received, 4u);
+  EXPECT_EQ(initiator_verbs.messages_sent, 4u);
+  EXPECT_EQ(initiator_verbs.messages_received, 1u);
+  EXPECT_EQ(target.channel(TransportKind::kTcp)->messages_received +
+                initiator.channel(TransportKind::kTcp)->messages_received,
+            0u);
+  EXPECT_EQ(target_verbs.messages_zero_copy, 0u);
 }
 
 // Many eager messages in flight: their ACKs go out several to a message (up to 4 senders' ops
@@ -174,7 +178,8 @@ TEST_F(Verbs, EagerMessagesInFlightAreEachAcknowledged) {
     ASSERT_TRUE(received.ok()) << received.to_string();
     EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, kSize));
   }
-  EXPECT_EQ(p.peer.stats().verbs_messages_sent, static_cast<uint64_t>(kMessages));
+  EXPECT_EQ(p.peer.stats().channel(TransportKind::kVerbs)->messages_sent,
+            static_cast<uint64_t>(kMessages));
   // Replies after the messages were taken: the connection is in order both ways.
   Future back = p.peer.recv(12, src.region, 0, 64);
   ASSERT_TRUE(p.target_peer.send(12, dst.region, 0, 64).wait(kWait).ok());
@@ -188,7 +193,7 @@ void expect_large_message(Pair& p, Access receive_access, bool zero_copy) {
   constexpr uint64_t kSize = (5 << 20) + 13;
   Buffer src(p.initiator, kSize + 7, Access::kLocal, 22);
   Buffer dst(p.target, kSize + 64, receive_access, 23);
-  uint64_t zero_copied = p.target_peer.stats().verbs_messages_zero_copy;
+  uint64_t zero_copied = p.target_peer.stats().channel(TransportKind::kVerbs)->messages_zero_copy;
   // Receive posted first.
   Future r = p.target_peer.recv(5, dst.region, 3, kSize);
   ASSERT_TRUE(p.peer.send(5, src.region, 7, kSize).wait(kWait).ok());
@@ -211,13 +216,14 @@ void expect_large_message(Pair& p, Access receive_access, bool zero_copy) {
   EXPECT_EQ(small.bytes(), 4096u * 3);
   EXPECT_EQ(0, std::memcmp(src.bytes.data() + 1, dst.bytes.data(), 4096 * 3));
   EXPECT_TRUE(std::equal(tail.begin(), tail.end(), dst.bytes.begin() + 4096 * 3));
-  EXPECT_EQ(p.target_peer.stats().verbs_messages_zero_copy - zero_copied, zero_copy ? 2u : 0u);
-  EXPECT_EQ(p.target_peer.stats().tcp_messages_received, 0u);
+  EXPECT_EQ(p.target_peer.stats().channel(TransportKind::kVerbs)->messages_zero_copy - zero_copied,
+            zero_copy ? 2u : 0u);
+  EXPECT_EQ(p.target_peer.stats().channel(TransportKind::kTcp)->messages_received, 0u);
 }
 
 TEST(VerbsMessages, LargeMessageIntoARemotelyWritableBufferIsZeroCopyWhenAllowed) {
   Config target = test_config();
-  target.zero_copy_receives = true;
+  target.verbs.zero_copy_receives = true;
   Pair allowed(target, test_config());
   ASSERT_EQ(allowed.peer.transport(), TransportKind::kVerbs);
   expect_large_message(allowed, Access::kRemoteWrite, true);
@@ -262,7 +268,7 @@ TEST(VerbsMessages, NobodyReceivingRefusesBeyondTheLimit) {
   EXPECT_NE(eager.message().find("limit"), std::string::npos) << "the receiver's text arrives";
   Status large = p.peer.send(9, a.region, 0, 100000).wait(kWait);
   EXPECT_EQ(large.code(), ErrorCode::kResourceExhausted) << large.to_string();
-  EXPECT_EQ(p.peer.stats().verbs_messages_sent, 2u);
+  EXPECT_EQ(p.peer.stats().channel(TransportKind::kVerbs)->messages_sent, 2u);
   // What was taken is intact and in order.
   Buffer b(p.target, 1 << 20, Access::kLocal, 30);
   Future first = p.target_peer.recv(9, b.region, 0, 1 << 20);

@@ -88,7 +88,7 @@ inline std::vector<uint8_t> tcp_channel_addresses(uint16_t streams = 1) {
   return engine::encode(m);
 }
 
-// A raw peer admitted by `server` (tcp_streams 1) with its one data stream: what a hostile
+// A raw peer admitted by `server` (tcp.streams 1) with its one data stream: what a hostile
 // client holds after a complete handshake.
 struct RawPeer {
   explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1")

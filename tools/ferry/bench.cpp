@@ -200,16 +200,16 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.transport != "auto") c.transports = {*transport_named(o.transport)};  // checked by options
   c.secret = o.secret;
   c.progress_threads = o.threads;
-  if (o.streams) c.tcp_streams = *o.streams;
-  if (o.qps) c.verbs_qps = *o.qps;
+  if (o.streams) c.tcp.streams = *o.streams;
+  if (o.qps) c.verbs.qps = *o.qps;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
-  if (o.eager_bytes) c.tcp_eager_bytes = *o.eager_bytes;
+  if (o.eager_bytes) c.tcp.eager_bytes = *o.eager_bytes;
   if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
   if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
   // The target's buffer holds only benchmark data, and its peer is this benchmark: large
   // send() messages land there zero-copy over verbs.
-  c.zero_copy_receives = true;
+  c.verbs.zero_copy_receives = true;
   return c;
 }
 

@@ -251,10 +251,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   b.add_option("--secret", o.secret, "Shared secret for peer authentication");
   add(b, "--streams", o.streams, count(1, kMaxStreams), "TCP sockets per peer")
       ->type_name("N")
-      ->default_str(std::to_string(engine.tcp_streams));
+      ->default_str(std::to_string(engine.tcp.streams));
   add(b, "--qps", o.qps, count(1, kMaxQps), "Verbs queue pairs per peer")
       ->type_name("N")
-      ->default_str(std::to_string(engine.verbs_qps));
+      ->default_str(std::to_string(engine.verbs.qps));
   add(b, "--slice", o.slice_bytes, bytes(kMinSlice, kMaxSlice), "Slice size of large transfers")
       ->type_name("SIZE")
       ->default_str(human_size(engine.slice_bytes));
@@ -265,7 +265,7 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   add(b, "--eager", o.eager_bytes, bytes(0, kNoMax),
       "TCP messages above this size wait for the receiver's receive (rendezvous)")
       ->type_name("SIZE")
-      ->default_str(human_size(engine.tcp_eager_bytes));
+      ->default_str(human_size(engine.tcp.eager_bytes));
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

@@ -8,19 +8,20 @@ namespace {
 
 tcp::TcpOptions options_of(const Config& config) {
   tcp::TcpOptions o;
-  o.streams = config.tcp_streams;
-  o.slices_in_flight_per_stream = config.slices_in_flight_per_stream;
-  o.eager_bytes = config.tcp_eager_bytes;
+  o.streams = config.tcp.streams;
+  o.slices_in_flight_per_stream = config.tcp.slices_in_flight_per_stream;
+  o.eager_bytes = config.tcp.eager_bytes;
   return o;
 }
 
 std::unique_ptr<Transport> open(const Config& config, std::string&) {
-  if (config.tcp_streams < 1 || config.tcp_streams > OpState::kMaxLanes) {
+  if (config.tcp.streams < 1 || config.tcp.streams > OpState::kMaxLanes) {
     throw Error(ErrorCode::kInvalidArgument,
-                "config: tcp_streams must be 1.." + std::to_string(OpState::kMaxLanes));
+                "config: tcp.streams must be 1.." + std::to_string(OpState::kMaxLanes));
   }
-  if (config.slices_in_flight_per_stream < 1) {
-    throw Error(ErrorCode::kInvalidArgument, "config: slices_in_flight_per_stream must be >= 1");
+  if (config.tcp.slices_in_flight_per_stream < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "config: tcp.slices_in_flight_per_stream must be >= 1");
   }
   return std::make_unique<tcp::TcpTransport>(options_of(config));
 }

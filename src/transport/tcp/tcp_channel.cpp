@@ -39,7 +39,7 @@ TcpChannel::TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOpti
       dialer_(dialer) {
   if (options_.streams < 1 || options_.streams > OpState::kMaxLanes) {
     throw Error(ErrorCode::kInvalidArgument,
-                "tcp_streams must be 1.." + std::to_string(OpState::kMaxLanes));
+                "tcp.streams must be 1.." + std::to_string(OpState::kMaxLanes));
   }
   make_streams(options_.streams);
 }

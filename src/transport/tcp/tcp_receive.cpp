@@ -430,7 +430,7 @@ Status TcpChannel::Stream::end_frame() {
       }
       if (cur.type == TcpFrame::kSendAck &&
           (cur.status == 0 || cur.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
-        ch.link_->tcp_messages.sent.fetch_add(1, std::memory_order_relaxed);
+        ch.messages.sent.fetch_add(1, std::memory_order_relaxed);
       }
       int64_t slices = 1;  // a group's answer finishes each of its entries
       if (cur.type == TcpFrame::kReadGroupData) slices = cur.region_id;
@@ -452,7 +452,7 @@ Status TcpChannel::Stream::end_frame() {
       // The ack is queued before the receiver can run: anything it sends next goes out after it.
       respond(h, st);
       if (frame_op != nullptr || frame_error.ok()) {
-        ch.link_->tcp_messages.received.fetch_add(1, std::memory_order_relaxed);
+        ch.messages.received.fetch_add(1, std::memory_order_relaxed);
       }
       if (frame_op != nullptr) {
         Matcher::settle(frame_op, cur.length);

@@ -11,14 +11,14 @@ namespace ferry::transport {
 namespace {
 
 std::unique_ptr<Transport> open(const Config& config, std::string& why) {
-  if (config.verbs_qps < 1 || config.verbs_qps > static_cast<int>(verbs::VerbsAddress::kMaxQps)) {
+  if (config.verbs.qps < 1 || config.verbs.qps > static_cast<int>(verbs::VerbsAddress::kMaxQps)) {
     throw Error(ErrorCode::kInvalidArgument,
-                "config: verbs_qps must be 1.." + std::to_string(verbs::VerbsAddress::kMaxQps));
+                "config: verbs.qps must be 1.." + std::to_string(verbs::VerbsAddress::kMaxQps));
   }
-  verbs::VerbsOptions options{config.rdma_device, config.rdma_gid_index, config.verbs_qps,
-                              config.busy_poll, config.zero_copy_receives};
+  verbs::VerbsOptions options{config.verbs.device, config.verbs.gid_index, config.verbs.qps,
+                              config.busy_poll, config.verbs.zero_copy_receives};
   auto device = verbs::VerbsDevice::open(options, why);
-  if (!device && (!config.rdma_device.empty() || config.rdma_gid_index >= 0)) {
+  if (!device && (!config.verbs.device.empty() || config.verbs.gid_index >= 0)) {
     // Asked for by name or index: never fall back silently.
     throw Error(ErrorCode::kUnsupported, "verbs: " + why);
   }
@@ -48,7 +48,7 @@ TransportInfo describe() {
 }
 
 std::size_t worst_case_channel_bytes(const Config& config) {
-  return verbs::VerbsChannel::worst_case_bytes(config.verbs_qps);
+  return verbs::VerbsChannel::worst_case_bytes(config.verbs.qps);
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ class VerbsChannel final : public Channel,
   struct Options {
     int qps = 2;
     std::chrono::nanoseconds busy_poll{0};
-    bool zero_copy_receives = false;  // Config::zero_copy_receives
+    bool zero_copy_receives = false;  // Config::verbs.zero_copy_receives
   };
   // Creates the completion queues and the queue pairs in INIT; connect() finishes the set-up.
   static std::shared_ptr<VerbsChannel> create(Host& host, VerbsDevice& device,

@@ -115,7 +115,7 @@ void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t
     ack(h.id, a.error);
     return;
   }
-  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  messages.received.fetch_add(1, std::memory_order_relaxed);
   if (a.recv == nullptr) {
     std::vector<uint8_t> buffer(payload, payload + length);  // the bytes are here: copied now
     ack(h.id, {});
@@ -217,7 +217,7 @@ void VerbsChannel::finish_announced(OpState* op) {
   uint64_t taken = op->entries.front().length;
   uint64_t length = op->bytes.load(std::memory_order_relaxed);
   if (taken < length) op->record_error(Matcher::truncated_send(op->tag, taken));
-  link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+  messages.sent.fetch_add(1, std::memory_order_relaxed);
   op->finish_posted();
 }
 
@@ -248,9 +248,9 @@ void VerbsChannel::on_fin(const MsgHeader& h) {
   if (h.a != in.length || (!in.zero_copy && in.received != in.capacity)) {
     return protocol_error("FIN does not match the message");
   }
-  link_->verbs_messages.received.fetch_add(1, std::memory_order_relaxed);
+  messages.received.fetch_add(1, std::memory_order_relaxed);
   if (in.staged) return finish_staged(in);
-  if (in.zero_copy) link_->verbs_messages.zero_copy.fetch_add(1, std::memory_order_relaxed);
+  if (in.zero_copy) messages.zero_copy.fetch_add(1, std::memory_order_relaxed);
   // No ACK: the sender learnt any truncation from CTS, and its FIN's delivery completes it.
   Matcher::settle(in.recv, in.length);
   in.recv->finish_posted();
@@ -305,7 +305,7 @@ bool VerbsChannel::take_ack(uint64_t id, ErrorCode code, const uint8_t* text, ui
     op->record_error({code, std::string(reinterpret_cast<const char*>(text), length)});
   }
   if (code == ErrorCode::kOk || code == ErrorCode::kTruncated) {
-    link_->verbs_messages.sent.fetch_add(1, std::memory_order_relaxed);
+    messages.sent.fetch_add(1, std::memory_order_relaxed);
   }
   if (op->finish_slices(1)) op->finish_posted();
   return true;

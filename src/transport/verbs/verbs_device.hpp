@@ -18,7 +18,7 @@ struct VerbsOptions {
   int gid_index = -1;  // -1: choose (routable RoCE v2 first)
   int qps_per_peer = 2;
   std::chrono::nanoseconds busy_poll{0};  // Config::busy_poll
-  bool zero_copy_receives = false;        // Config::zero_copy_receives
+  bool zero_copy_receives = false;        // Config::verbs.zero_copy_receives
 };
 
 class VerbsDevice final : public Transport {
