@@ -23,9 +23,15 @@ inline std::vector<TransportKind> default_transports() {
   return t;
 }
 
+// The most lanes (TCP streams, verbs queue pairs) one channel may stripe an operation over.
+// Operations over at most 16 keep their lane state inside the pooled operation; wider ones
+// add 2 KiB to it once, the first time.
+constexpr int kMaxLanes = 64;
+
 // TCP's settings (Config::tcp); docs/performance.md has the measurements behind each default.
 struct TcpConfig {
-  // Sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained nothing more.
+  // Sockets per peer (1..kMaxLanes): 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained
+  // nothing more.
   int streams = 2;
   // Unacknowledged slices per socket: bounds the target's response queue.
   int slices_in_flight_per_stream = 64;
@@ -43,7 +49,7 @@ struct VerbsConfig {
   std::string device{};
   // GID index (-1: the routable RoCE v2 GID).
   int gid_index = -1;
-  // RC queue pairs per peer.
+  // RC queue pairs per peer (1..kMaxLanes).
   int qps = 2;
   // A large message may be written by the sender straight into a posted receive whose region
   // grants remote write (no copy). Off by default: the sending peer then learns that region's

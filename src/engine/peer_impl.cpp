@@ -321,6 +321,7 @@ Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {
   int lanes = channels.at(op->channel).lanes();
   if (total > engine->config.stripe_threshold && lanes > 1) {
     op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
+    op->reserve_lanes(op->lane_count);
     op->first_lane = 0;
     for (int lane = 0; lane < op->lane_count; ++lane) {
       transport::LaneCursor& c = op->lanes[lane];

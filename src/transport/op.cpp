@@ -94,6 +94,12 @@ bool OpState::sleep_until(std::chrono::steady_clock::time_point deadline) {
   return cv.wait_until(lock, deadline, [this] { return done.load(); });
 }
 
+void OpState::grow_lanes() {
+  spill_ = std::make_unique<LaneSpill>();
+  lanes = spill_->lanes;
+  lane_next = spill_->next;
+}
+
 void OpState::reset_for_reuse() {
   kind = OpKind::kWrite;
   with_imm = false;

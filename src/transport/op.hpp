@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ferry/config.hpp"
 #include "ferry/error.hpp"
 #include "transport/region_table.hpp"
 
@@ -83,7 +84,9 @@ struct OpState {
   using OpPool = transport::OpPool;
   using RegionSlot = transport::RegionSlot;
 
-  static constexpr int kMaxLanes = 16;
+  static constexpr int kMaxLanes = ferry::kMaxLanes;
+  // Lanes whose state lives inside the op; more go to `spill` (reserve_lanes).
+  static constexpr int kInlineLanes = 16;
   enum Stage : uint8_t { kIdle, kPosted, kDone };
 
   // Identity and lifetime.
@@ -110,11 +113,17 @@ struct OpState {
   std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
   std::vector<RegionSlot*> leases;   // local regions held until completion
 
-  // Lanes (TCP streams) the op is spread over.
+  // Lanes (TCP streams, queue pairs) the op is spread over.
   int lane_count = 0;
   int first_lane = 0;
-  LaneCursor lanes[kMaxLanes];
-  OpState* lane_next[kMaxLanes] = {};  // intrusive per-stream send queue links
+  LaneCursor* lanes = lanes_inline_;   // lane_count of them
+  OpState** lane_next = next_inline_;  // intrusive per-lane send queue links
+  // Makes room for `n` lanes (at most kMaxLanes). Above kInlineLanes the first call allocates
+  // the spill, which the op keeps for its later uses: a warm op never allocates.
+  void reserve_lanes(int n) {
+    if (n > kInlineLanes && spill_ == nullptr) [[unlikely]]
+      grow_lanes();
+  }
 
   // Progress.
   std::atomic<uint8_t> stage{kIdle};
@@ -159,6 +168,18 @@ struct OpState {
   }
   // On recycling: back to a fresh op's state.
   void reset_for_reuse();
+
+ private:
+  struct LaneSpill {
+    LaneCursor lanes[kMaxLanes];
+    OpState* next[kMaxLanes] = {};
+  };
+  [[gnu::cold]] void grow_lanes();
+  // `lanes` and `lane_next` point here or into `spill_`; ops are never moved (the pool holds
+  // them by pointer), so the self-references stay valid.
+  LaneCursor lanes_inline_[kInlineLanes];
+  OpState* next_inline_[kInlineLanes] = {};
+  std::unique_ptr<LaneSpill> spill_;
 };
 
 }  // namespace ferry::detail

@@ -40,6 +40,34 @@ TEST_P(Conformance, WriteAndReadAcrossSizesAndOddOffsets) {
   }
 }
 
+TEST_P(Conformance, StripesOverMoreThanSixteenLanes) {
+  // Where the transport takes a lane count, 20: more than an op holds inline, so its lane
+  // state goes to the spill (OpState::reserve_lanes), kept for the op's later uses.
+  Config c = conformance_config(GetParam());
+  c.tcp.streams = 20;
+  c.verbs.qps = 20;
+  Pair p(c, c);
+  PeerStats stats = p.peer.stats();
+  ASSERT_EQ(stats.channels.size(), 1u);
+  SCOPED_TRACE("lanes " + std::to_string(stats.channels[0].lanes));
+  constexpr std::size_t kSize = 4 << 20;  // 64 slices of 64 KiB: every lane gets some
+  Buffer local(p.initiator, kSize, Access::kLocal, 3);
+  Buffer remote(p.target, kSize, Access::kRemoteReadWrite, 4);
+  Descriptor d = remote.region.descriptor();
+  for (uint32_t round = 0; round < 3; ++round) {
+    fill_pattern(local.bytes, 10 + round);
+    Transfer t{&local.region, 0, &d, 0, kSize};
+    ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, round).wait(kWait).ok());
+    std::optional<ImmEvent> imm = p.target.next_imm(kWait);
+    ASSERT_TRUE(imm.has_value());
+    EXPECT_EQ(imm->imm, round);
+    ASSERT_EQ(local.bytes, remote.bytes);
+    fill_pattern(remote.bytes, 20 + round);
+    ASSERT_TRUE(p.peer.read({&t, 1}).wait(kWait).ok());
+    ASSERT_EQ(local.bytes, remote.bytes);
+  }
+}
+
 TEST_P(Conformance, ScatteredBatchBothWays) {
   Pair& p = pair();
   constexpr int kEntries = 2000;

@@ -159,9 +159,9 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       // Numbers.
       {"bench --iters 0", 2, "--iters: '0' must be between 1 and "},
       {"bench --iters x", 2, "--iters: 'x' is not a whole number"},
-      {"bench --streams 0", 2, "--streams: '0' must be between 1 and 16"},
-      {"bench --streams 17", 2, "--streams: '17' must be between 1 and 16"},
-      {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 16"},
+      {"bench --streams 0", 2, "--streams: '0' must be between 1 and 64"},
+      {"bench --streams 65", 2, "--streams: '65' must be between 1 and 64"},
+      {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 64"},
       {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
       {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
       {"bench --batch 200 --concurrency 100", 2, "transfers in flight; at most 16384"},

@@ -87,6 +87,30 @@ TEST(RegionTable, AnAccessHeldPastThePatienceIsCutOffOnce) {
   EXPECT_EQ(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).code(), ErrorCode::kRevoked);
 }
 
+TEST(OpState, LanesBeyondTheInlineOnesSpillOnceAndStayAcrossReuse) {
+  auto pool = std::make_shared<OpPool>();
+  OpState* op = pool->acquire();
+  OpState::LaneCursor* inline_lanes = op->lanes;
+  op->reserve_lanes(OpState::kInlineLanes);
+  EXPECT_EQ(op->lanes, inline_lanes) << "16 lanes fit inline";
+  op->reserve_lanes(OpState::kMaxLanes);
+  OpState::LaneCursor* spilled = op->lanes;
+  EXPECT_NE(spilled, inline_lanes);
+  for (int i = 0; i < OpState::kMaxLanes; ++i) {
+    op->lanes[i] = {static_cast<uint32_t>(i), 0, 1};
+    op->lane_next[i] = nullptr;
+  }
+  EXPECT_EQ(op->lanes[OpState::kMaxLanes - 1].entry, static_cast<uint32_t>(OpState::kMaxLanes - 1));
+  op->complete_with({});
+  op->release();  // back to the pool, reset
+  OpState* again = pool->acquire();
+  ASSERT_EQ(again, op) << "the pool hands the same op out again";
+  again->reserve_lanes(OpState::kMaxLanes);
+  EXPECT_EQ(again->lanes, spilled) << "the spill is kept: no second allocation";
+  again->complete_with({});
+  again->release();
+}
+
 TEST(OpPool, IdsChangeOnReuseAndLookupNeedsPosted) {
   auto pool = std::make_shared<OpPool>();
   OpState* op = pool->acquire();

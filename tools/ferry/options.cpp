@@ -18,8 +18,6 @@ namespace {
 // The engine refuses other values when it starts (ferry::Config's checks); saying so here
 // names the flag, before anything starts.
 constexpr int kMaxThreads = 64;
-constexpr int kMaxStreams = 16;
-constexpr int kMaxQps = 16;
 constexpr uint64_t kMinSlice = 4 << 10;
 constexpr uint64_t kMaxSlice = 64 << 20;
 // The bench's own bounds: enough for any measurement, small enough to fail early.
@@ -249,10 +247,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       ->type_name("N");
   b.add_flag("--json", o.json, "One JSON object per result line");
   b.add_option("--secret", o.secret, "Shared secret for peer authentication");
-  add(b, "--streams", o.streams, count(1, kMaxStreams), "TCP sockets per peer")
+  add(b, "--streams", o.streams, count(1, kMaxLanes), "TCP sockets per peer")
       ->type_name("N")
       ->default_str(std::to_string(engine.tcp.streams));
-  add(b, "--qps", o.qps, count(1, kMaxQps), "Verbs queue pairs per peer")
+  add(b, "--qps", o.qps, count(1, kMaxLanes), "Verbs queue pairs per peer")
       ->type_name("N")
       ->default_str(std::to_string(engine.verbs.qps));
   add(b, "--slice", o.slice_bytes, bytes(kMinSlice, kMaxSlice), "Slice size of large transfers")

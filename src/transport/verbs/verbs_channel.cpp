@@ -144,7 +144,8 @@ VerbsChannel::VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<Peer
 
 Status VerbsChannel::init(int qps) {
   if (qps < 1 || qps > static_cast<int>(VerbsAddress::kMaxQps)) {
-    return {ErrorCode::kInvalidArgument, "verbs.qps must be 1..16"};
+    return {ErrorCode::kInvalidArgument,
+            "verbs.qps must be 1.." + std::to_string(VerbsAddress::kMaxQps)};
   }
   int send_depth = std::min(kSendDepth, std::max(dev_.max_qp_wr(), 1));
   send_depth_ = send_depth;

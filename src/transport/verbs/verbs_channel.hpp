@@ -39,7 +39,7 @@ namespace ferry::transport::verbs {
 
 // What a peer needs to connect its queue pairs to ours; exchanged on the control connection.
 struct VerbsAddress {
-  static constexpr std::size_t kMaxQps = 16;
+  static constexpr std::size_t kMaxQps = ferry::kMaxLanes;
   uint8_t gid[16] = {};
   uint16_t lid = 0;
   uint8_t mtu = 0;  // enum ibv_mtu
