@@ -26,6 +26,10 @@ const char* op_name(OpKind kind, bool imm) {
   }
   return "op";
 }
+
+engine::OpClass one_sided_class(const OpState& op) {
+  return op.with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided;
+}
 }  // namespace
 
 OpState* PeerImpl::start_op(OpKind kind) {
@@ -202,8 +206,7 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       break;
     case Refusal::kNoKey: {
       std::string kinds;
-      for (uint8_t c :
-           route(op->with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided))
+      for (uint8_t c : route(one_sided_class(*op)))
         kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(channels.at(c).kind()));
       s = {ErrorCode::kUnsupported, "descriptor has no key for " +
                                         (kinds.empty() ? std::string("any channel") : kinds) +
@@ -228,8 +231,7 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
                                             uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
-  std::span<const uint8_t> order =
-      route(op->with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided);
+  std::span<const uint8_t> order = route(one_sided_class(*op));
   if (order.empty()) [[unlikely]] {
     return finish_now(op, {ErrorCode::kUnsupported,
                            std::string(op_name(op->kind, op->with_imm)) +

@@ -125,11 +125,23 @@ Routes plan_routes(const Config& config, std::span<const TransportKind> channels
                           entry != nullptr ? entry->memory : transport::MemoryKinds{},
                           static_cast<int>(rank - config.transports.begin())});
   }
-  // Configured transports in this engine's order, each once.
-  std::vector<TransportKind> configured;
+  // Configured transports in this engine's order, each once, with its channel (an index) or,
+  // when it is none of the peer's channels, why not: the same for every row.
+  struct Configured {
+    TransportKind kind;
+    std::size_t channel;
+    std::string absent;
+  };
+  std::vector<Configured> configured;
   for (TransportKind kind : config.transports) {
-    if (std::find(configured.begin(), configured.end(), kind) == configured.end())
-      configured.push_back(kind);
+    if (std::any_of(configured.begin(), configured.end(),
+                    [&](const Configured& c) { return c.kind == kind; })) {
+      continue;
+    }
+    auto channel = std::find(channels.begin(), channels.end(), kind);
+    configured.push_back(
+        {kind, static_cast<std::size_t>(channel - channels.begin()),
+         channel == channels.end() ? absent_reason(kind, reach, unusable_here) : std::string()});
   }
   transport::MemoryKinds any_memory = 0;
   for (const Candidate& c : candidates) any_memory |= c.memory;
@@ -149,14 +161,12 @@ Routes plan_routes(const Config& config, std::span<const TransportKind> channels
         info.local = local;
         info.remote = remote;
         if (d.usable > 0) info.transport = candidates[d.order[0]].kind;
-        for (TransportKind kind : configured) {
-          auto channel = std::find(channels.begin(), channels.end(), kind);
-          std::size_t i = static_cast<std::size_t>(channel - channels.begin());
-          info.why += (info.why.empty() ? "" : "; ") + std::string(to_string(kind)) + ": " +
-                      (channel == channels.end()
-                           ? absent_reason(kind, reach, unusable_here)
-                           : verdict_text(candidates[i], d.verdicts[i], op, local, remote,
-                                          info.transport.value_or(TransportKind{})));
+        for (const Configured& c : configured) {
+          info.why += (info.why.empty() ? "" : "; ") + std::string(to_string(c.kind)) + ": " +
+                      (c.channel == channels.size()
+                           ? c.absent
+                           : verdict_text(candidates[c.channel], d.verdicts[c.channel], op, local,
+                                          remote, info.transport.value_or(TransportKind{})));
         }
         routes.info.push_back(std::move(info));
       }
