@@ -39,13 +39,26 @@ struct PreparedImpl;
 
 // A serializable description of a registered region: what a peer needs to access it.
 // The binary form is versioned; to_string() gives a printable form, parse() reads it back.
+// It carries one key per transport and device: a transport that stripes over several devices
+// (rails) opens the region with a key on each.
 class FERRY_API Descriptor {
  public:
+  // Keys held inside the descriptor: TCP plus verbs on three devices. Data-path lookups scan
+  // only these; more go to `more_keys`.
   static constexpr int kMaxKeys = 4;
+  static constexpr int kMaxAllKeys = 64;  // in all: the binary form refuses more
   struct Key {
     TransportKind transport{};
+    uint8_t device = 0;  // which of the transport's devices (rails) it opens the region on
     uint8_t length = 0;
-    uint8_t bytes[22] = {};
+    uint8_t bytes[21] = {};
+    std::span<const uint8_t> view() const noexcept { return {bytes, length}; }
+  };
+  // A key beyond the inline ones, or longer than Key::bytes holds.
+  struct MoreKey {
+    TransportKind transport{};
+    uint8_t device = 0;
+    std::vector<uint8_t> bytes;  // at most 255
   };
 
   uint64_t engine_id = 0;
@@ -54,10 +67,19 @@ class FERRY_API Descriptor {
   uint64_t address = 0;
   uint64_t length = 0;
   Access access = Access::kLocal;
+  MemoryKind memory = MemoryKind::kHost;  // routing takes a channel that moves this kind
   uint8_t key_count = 0;
   Key keys[kMaxKeys] = {};
+  std::vector<MoreKey> more_keys;  // empty unless more than kMaxKeys keys or a long one
 
-  const Key* key_for(TransportKind transport) const noexcept;
+  // The inline key of `transport` for `device`, or null.
+  const Key* key_for(TransportKind transport, uint8_t device = 0) const noexcept;
+  // That key wherever it is held; empty when there is none.
+  std::span<const uint8_t> find_key(TransportKind transport, uint8_t device = 0) const noexcept;
+  // Adds a key: inline while there is room and it fits, else to more_keys. Throws
+  // Error(kInvalidArgument) for a second key of one transport and device, an empty key or one
+  // over 255 bytes, or more than kMaxAllKeys.
+  void add_key(TransportKind transport, uint8_t device, std::span<const uint8_t> key);
 
   std::vector<uint8_t> encode() const;
   std::string to_string() const;  // "ferry1:" + base64url of encode()

@@ -44,6 +44,11 @@ class ByteReader {
     if (n > 0) std::memcpy(dst, in_.data() + pos_ - n, n);  // an empty vector's data() is null
     return true;
   }
+  // The next n bytes, in place; empty (and not ok) when fewer remain.
+  std::span<const uint8_t> view(std::size_t n) {
+    if (!take(n)) return {};
+    return in_.subspan(pos_ - n, n);
+  }
   std::string str(std::size_t max_len) {
     std::size_t n = u16();
     if (n > max_len || !take(n)) {

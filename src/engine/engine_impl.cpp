@@ -180,6 +180,26 @@ void EngineImpl::on_imm(std::function<void(const ImmEvent&)> fn) {
   for (const ImmEvent& e : queued) deliver(e);  // nothing already received is dropped
 }
 
+namespace {
+// A transport's keys for a region, into its descriptor.
+class DescriptorKeys final : public transport::KeySink {
+ public:
+  DescriptorKeys(Descriptor& d, TransportKind kind) : d_(d), kind_(kind) {}
+  Status add(uint8_t device, std::span<const uint8_t> key) override {
+    try {
+      d_.add_key(kind_, device, key);
+      return {};
+    } catch (const Error& e) {
+      return {e.code(), std::string(to_string(kind_)) + " keys: " + e.what()};
+    }
+  }
+
+ private:
+  Descriptor& d_;
+  TransportKind kind_;
+};
+}  // namespace
+
 Region EngineImpl::register_memory(void* data, std::size_t length, Access access) {
   if (stopping_.load()) throw Error(ErrorCode::kCancelled, "register_memory: engine shut down");
   if (data == nullptr || length == 0) {
@@ -204,15 +224,12 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
   d.length = length;
   d.access = access;
   for (auto& t : transports_) {
-    Descriptor::Key& key = d.keys[d.key_count];
-    key.transport = t->kind();
-    Status s =
-        t->register_region(rec->id, rec->base, length, access, rec->key, key.bytes, key.length);
+    DescriptorKeys keys(d, t->kind());
+    Status s = t->register_region(rec->id, rec->base, length, access, rec->key, keys);
     if (!s.ok()) {
       deregister(*rec);
       throw Error(s);
     }
-    ++d.key_count;
   }
   return Region(std::move(rec));
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/engine_impl.hpp"
+#include "transport/registry.hpp"
 
 namespace ferry::detail {
 
@@ -113,29 +114,44 @@ TransportKind PeerImpl::transport() const {
 }
 
 namespace {
-// A descriptor key as the 8 bytes OpEntry::remote_key holds.
-uint64_t key_value(const Descriptor::Key& key) {
-  uint64_t value = 0;
+// The descriptor's key of `kind` for `device` as the 8 bytes OpEntry::remote_key holds; false
+// when it has none that fits.
+bool key_value(const Descriptor& d, TransportKind kind, uint8_t device, uint64_t& value) {
+  value = 0;
+  const Descriptor::Key* key = d.key_for(kind, device);
   if constexpr (std::endian::native == std::endian::little) {
-    // A fixed 8-byte load, masked to the key's length: a copy of a variable length became a
-    // `rep movs` costing a third of each entry's admission.
-    static_assert(sizeof key.bytes >= sizeof value);
-    std::memcpy(&value, key.bytes, sizeof value);
-    if (key.length < sizeof value) value &= (uint64_t{1} << (8 * key.length)) - 1;
-  } else {
-    std::memcpy(&value, key.bytes, key.length);
+    if (key != nullptr && key->length <= sizeof value) [[likely]] {
+      // A fixed 8-byte load, masked to the key's length: a copy of a variable length became a
+      // `rep movs` costing a third of each entry's admission.
+      static_assert(sizeof key->bytes >= sizeof value);
+      std::memcpy(&value, key->bytes, sizeof value);
+      if (key->length < sizeof value) value &= (uint64_t{1} << (8 * key->length)) - 1;
+      return true;
+    }
   }
-  return value;
-}
-
-const Descriptor::Key* usable_key(const Descriptor& d, TransportKind via) {
-  const Descriptor::Key* key = d.key_for(via);
-  return key != nullptr && key->length <= sizeof(uint64_t) ? key : nullptr;
+  std::span<const uint8_t> bytes = d.find_key(kind, device);  // perhaps beyond the inline keys
+  if (bytes.empty() || bytes.size() > sizeof value) return false;
+  std::memcpy(&value, bytes.data(), bytes.size());
+  return true;
 }
 }  // namespace
 
-PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
-                                  TransportKind via) {
+PeerImpl::Via PeerImpl::via(uint8_t channel) const {
+  const transport::Channel& c = channels.at(channel);
+  const transport::TransportEntry* entry = transport::find_transport(c.kind());
+  return {c.kind(), static_cast<uint8_t>(std::clamp(c.rails(), 1, transport::kMaxRails)),
+          entry != nullptr ? entry->memory : transport::MemoryKinds{}};
+}
+
+bool PeerImpl::keys_for(const Descriptor& d, const Via& via, uint64_t* keys) {
+  if ((via.memory & transport::memory_bit(d.memory)) == 0) return false;
+  for (uint8_t rail = 0; rail < via.rails; ++rail) {
+    if (!key_value(d, via.kind, rail, keys[rail])) return false;
+  }
+  return true;
+}
+
+PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted, const Via& via) {
   const Descriptor* remote = t.remote;
   if (remote == nullptr) return Refusal::kNoRemote;
   if (remote->engine_id != engine_id) return Refusal::kWrongPeer;
@@ -144,17 +160,18 @@ PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
   if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
     return Refusal::kOutOfBounds;
   }
-  const Descriptor::Key* key = usable_key(*remote, via);
-  if (key == nullptr) return Refusal::kNoKey;
+  uint64_t keys[transport::kMaxRails];
+  if (!keys_for(*remote, via, keys)) return Refusal::kNoKey;
   uint8_t* local = nullptr;
   uint32_t local_region = 0;
   if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
     return Refusal::kLocal;
   }
   if (t.length > 0) {
-    op->entries.push_back(OpEntry{local, t.length, remote->region_id, key_value(*key),
-                                  t.remote_offset, local_region,
-                                  remote->address + t.remote_offset});
+    op->entries.push_back(OpEntry{local, t.length, remote->region_id, keys[0], t.remote_offset,
+                                  local_region, remote->address + t.remote_offset});
+    if (via.rails > 1) [[unlikely]]
+      op->rail_keys.insert(op->rail_keys.end(), keys + 1, keys + via.rails);
   }
   return Refusal::kNone;
 }
@@ -162,25 +179,31 @@ PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
 bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t entry,
                        std::span<const uint8_t> order) {
   auto at = std::find(order.begin(), order.end(), op->channel);
+  uint64_t keys[transport::kMaxRails];
   for (auto next = at == order.end() ? order.end() : at + 1; next != order.end(); ++next) {
-    TransportKind via = channels.at(*next).kind();
-    bool all =
-        std::all_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(entry) + 1,
-                    [&](const Transfer& t) { return usable_key(*t.remote, via) != nullptr; });
+    Via to = via(*next);
+    bool all = std::all_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(entry) + 1,
+                           [&](const Transfer& t) { return keys_for(*t.remote, to, keys); });
     if (!all) continue;
-    // Entries of zero length were checked but not added.
+    // The entries admitted so far take the new channel's keys (zero-length ones were checked
+    // but not added).
+    op->rail_keys.clear();
     std::size_t added = 0;
     for (std::size_t i = 0; i < entry; ++i) {
-      if (batch[i].length > 0)
-        op->entries[added++].remote_key = key_value(*usable_key(*batch[i].remote, via));
+      if (batch[i].length == 0) continue;
+      keys_for(*batch[i].remote, to, keys);
+      op->entries[added++].remote_key = keys[0];
+      op->rail_keys.insert(op->rail_keys.end(), keys + 1, keys + to.rails);
     }
     op->channel = *next;
+    op->rails = to.rails;
     return true;
   }
   return false;
 }
 
-Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refusal why) {
+Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refusal why,
+                        std::span<const uint8_t> order) {
   const Descriptor* remote = t.remote;
   bool read = op->kind == OpKind::kRead;
   Status s;
@@ -206,11 +229,17 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       break;
     case Refusal::kNoKey: {
       std::string kinds;
-      for (uint8_t c : route(one_sided_class(*op)))
+      bool moved = false;
+      for (uint8_t c : order) {
         kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(channels.at(c).kind()));
-      s = {ErrorCode::kUnsupported, "descriptor has no key for " +
-                                        (kinds.empty() ? std::string("any channel") : kinds) +
-                                        " (the peer's channels that carry it)"};
+        moved = moved || (via(c).memory & transport::memory_bit(remote->memory)) != 0;
+      }
+      if (kinds.empty()) kinds = "any channel";
+      s = {ErrorCode::kUnsupported,
+           moved ? "descriptor has no key for " + kinds + " (the peer's channels that carry it)"
+                 : "region " + std::to_string(remote->region_id) + " is " +
+                       std::string(to_string(remote->memory)) + " memory, which " + kinds +
+                       " (the peer's channels that carry it) cannot move"};
       break;
     }
     default:
@@ -231,27 +260,38 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
                                             uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
-  std::span<const uint8_t> order = route(one_sided_class(*op));
+  // Routed by the first entry's remote memory; an entry of another kind that the channel
+  // cannot move is refused, or moves the batch (reroute), as a missing key does.
+  MemoryKind remote_memory =
+      !batch.empty() && batch[0].remote != nullptr ? batch[0].remote->memory : MemoryKind::kHost;
+  std::span<const uint8_t> order =
+      routes.table.order(one_sided_class(*op), MemoryKind::kHost, remote_memory);
   if (order.empty()) [[unlikely]] {
-    return finish_now(op, {ErrorCode::kUnsupported,
-                           std::string(op_name(op->kind, op->with_imm)) +
-                               ": no channel of the peer carries it (Peer::routes says why)"});
+    return finish_now(
+        op, {ErrorCode::kUnsupported, std::string(op_name(op->kind, op->with_imm)) +
+                                          ": no channel of the peer carries it from host to " +
+                                          std::string(to_string(remote_memory)) +
+                                          " memory (Peer::routes says why)"});
   }
   op->channel = order[0];
-  TransportKind via = channels.at(op->channel).kind();
+  Via via = this->via(op->channel);
+  op->rails = via.rails;
   slices = 0;
   total = 0;
-  op->entries.reserve(batch.size());  // kept across the op's reuses: one allocation at most
+  // Kept across the op's reuses: one allocation at most.
+  op->entries.reserve(batch.size());
+  if (via.rails > 1) [[unlikely]]
+    op->rail_keys.reserve(batch.size() * (via.rails - 1u));
   // Messages are built only on refusal: the success path allocates nothing.
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
     Refusal why = admit(op, t, wanted, via);
     if (why == Refusal::kNoKey && reroute(op, batch, i, order)) [[unlikely]] {
-      via = channels.at(op->channel).kind();
+      via = this->via(op->channel);
       why = admit(op, t, wanted, via);
     }
     if (why != Refusal::kNone) [[unlikely]] {
-      return refuse(op, i, t, why);
+      return refuse(op, i, t, why, order);
     }
     slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
                                           : transport::slice_count(t.length, op->slice_bytes);
@@ -284,6 +324,8 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   p->imm = imm;
   p->channel = op->channel;
   p->entries = op->entries;
+  p->rails = op->rails;
+  p->rail_keys = op->rail_keys;
   // Each local region once, with the span of it the batch touches: a post leases it again.
   for (const Transfer& t : batch) {
     const RegionRecord& rec = *t.local->record_;
@@ -313,7 +355,10 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
     op->leases.push_back(slot);
   }
   op->channel = p.channel;
-  op->entries.assign(p.entries.begin(), p.entries.end());  // capacity kept: no allocation
+  // Capacity kept: no allocation.
+  op->entries.assign(p.entries.begin(), p.entries.end());
+  op->rails = p.rails;
+  op->rail_keys.assign(p.rail_keys.begin(), p.rail_keys.end());
   return plan_and_post(op, p.slices, p.total);
 }
 

@@ -40,6 +40,8 @@ struct PreparedImpl {
   uint32_t imm = 0;
   uint8_t channel = 0;  // the peer's channel the entries' remote keys are for
   std::vector<transport::OpEntry> entries;
+  uint8_t rails = 1;
+  std::vector<uint64_t> rail_keys;  // as in OpState
   std::vector<Local> locals;
   uint64_t slices = 0;
   uint64_t total = 0;
@@ -120,16 +122,26 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     kNoKey,
     kLocal
   };
+  // A channel as admission needs it: its transport, its rails and the memory it moves.
+  struct Via {
+    TransportKind kind{};
+    uint8_t rails = 1;
+    transport::MemoryKinds memory{};
+  };
+  Via via(uint8_t channel) const;
+  // The keys of every rail of `via` (keys[0 .. rails - 1]); false when the descriptor lacks
+  // one, or its memory is of a kind the channel cannot move.
+  static bool keys_for(const Descriptor& d, const Via& via, uint64_t* keys);
   // Checks one entry and, if it may go, leases its local region and adds it to the op with the
-  // remote key of transport `via`.
-  Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, TransportKind via);
-  // An entry's descriptor has no key for the op's channel: moves the op, and the entries
-  // admitted so far, to the next channel of `order` whose key every one of them has. False
-  // when there is none.
+  // remote keys of channel `via`.
+  Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, const Via& via);
+  // An entry's descriptor has no key for the op's channel (or memory it cannot move): moves the
+  // op, and the entries admitted so far, to the next channel of `order` that carries every one
+  // of them. False when there is none.
   [[gnu::cold]] bool reroute(transport::OpState* op, std::span<const Transfer> batch,
                              std::size_t entry, std::span<const uint8_t> order);
   [[gnu::cold]] Future refuse(transport::OpState* op, std::size_t entry, const Transfer& t,
-                              Refusal why);
+                              Refusal why, std::span<const uint8_t> order);
   Future post(transport::OpState* op);
   transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
   // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the

@@ -125,6 +125,10 @@ class Channel {
 
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;
+  // Devices the channel stripes over (multi-rail), each opening a region with its own key: the
+  // descriptor's keys for devices 0 .. rails() - 1, which the engine hands over in the op
+  // (OpState::remote_key). Known once connected.
+  virtual int rails() const { return 1; }
   // Posts a planned operation (see engine/planner.hpp); the op is already marked posted. On a
   // closing channel nothing is sent and the closing path fails the op.
   virtual PostResult post(OpState* op) = 0;
@@ -154,12 +158,26 @@ struct ChannelArgs {
   bool dialer;  // this side connected to the peer (the listener's address decides shared counts)
 };
 
+// Devices one channel stripes over at most (Channel::rails()).
+constexpr int kMaxRails = 8;
+
+// Takes a region's keys from its transport: one per device the transport opened (its rails),
+// numbered from 0. An error (a key too long, or a second one for a device) fails the
+// registration.
+class KeySink {
+ public:
+  virtual Status add(uint8_t device, std::span<const uint8_t> key) = 0;
+
+ protected:
+  ~KeySink() = default;
+};
+
 // A region's key for a transport whose target's CPU checks every access against the region
-// table (TCP, loopback): the table's own key.
-inline Status table_key_as_key(uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) {
-  std::memcpy(key.data(), &table_key, sizeof table_key);
-  key_length = sizeof table_key;
-  return {};
+// table (TCP, loopback): the table's own key, for device 0.
+inline Status table_key_as_key(uint64_t table_key, KeySink& keys) {
+  uint8_t bytes[sizeof table_key];
+  std::memcpy(bytes, &table_key, sizeof table_key);
+  return keys.add(0, bytes);
 }
 
 // A transport opened for one engine: registration keys and the channel factory.
@@ -167,12 +185,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual TransportKind kind() const = 0;
-  // Writes this transport's key for a region into `key` (bytes and length).
+  // Gives `keys` this transport's key for a region on each of its devices.
   // `access` is what the owner granted peers; a transport that checks remote access in
   // hardware (verbs) must register exactly that.
   virtual Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
-                                 uint64_t table_key, std::span<uint8_t> key,
-                                 uint8_t& key_length) = 0;
+                                 uint64_t table_key, KeySink& keys) = 0;
   virtual void deregister_region(uint32_t region_id) = 0;
   // A channel to a new peer, not yet connected; an error refuses that peer only.
   virtual Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) = 0;

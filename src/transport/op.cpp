@@ -111,6 +111,8 @@ void OpState::reset_for_reuse() {
   // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
   ack_due.store(false, std::memory_order_relaxed);
   entries.clear();
+  rails = 1;
+  rail_keys.clear();
   leases.clear();
   lane_count = 0;
   first_lane = 0;

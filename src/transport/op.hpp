@@ -111,7 +111,16 @@ struct OpState {
   bool zero_copy = false;
   std::atomic<bool> ack_due{false};  // a verbs message: the receiver's one ACK is still to come
   std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
-  std::vector<RegionSlot*> leases;   // local regions held until completion
+  // Over a multi-rail channel (Channel::rails()), the keys of devices 1 .. rails - 1, rails - 1
+  // per entry in entry order; device 0's is the entry's remote_key. Empty over one rail.
+  uint8_t rails = 1;
+  std::vector<uint64_t> rail_keys;  // capacity kept across reuses
+  // The key of entry `index` on device `rail`.
+  uint64_t remote_key(std::size_t index, int rail) const {
+    return rail == 0 ? entries[index].remote_key
+                     : rail_keys[index * (rails - 1u) + static_cast<std::size_t>(rail - 1)];
+  }
+  std::vector<RegionSlot*> leases;  // local regions held until completion
 
   // Lanes (TCP streams, queue pairs) the op is spread over.
   int lane_count = 0;

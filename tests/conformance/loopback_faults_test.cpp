@@ -157,6 +157,54 @@ TEST_F(LoopbackFaults, ClosingOrShuttingDownWhileOperationsAreHeldUpEndsEachOfTh
   }
 }
 
+TEST_F(LoopbackFaults, ADroppedSliceHoldsOnlyItsOperationUntilItsPeerOrRegionGoes) {
+  // A slice whose completion is lost: its operation stays in flight (a wait times out) while
+  // the peer carries on; whatever ends the peer or the region the operation uses ends it.
+  enum class Ending { kClose, kShutdown, kDeregister };
+  for (Ending ending : {Ending::kClose, Ending::kShutdown, Ending::kDeregister}) {
+    SCOPED_TRACE(static_cast<int>(ending));
+    Config c = loopback_config();
+    c.revoke_timeout = std::chrono::milliseconds(200);
+    Pair p(c, c);
+    constexpr std::size_t kSize = 1 << 20;  // 16 slices
+    auto src = std::make_unique<Buffer>(p.initiator, kSize, Access::kLocal, 9);
+    Buffer other(p.initiator, kSize, Access::kLocal, 10);
+    Buffer dst(p.target, kSize, Access::kRemoteReadWrite, 11);
+    Descriptor d = dst.region.descriptor();
+    loopback::faults().drop_slice = 3;
+    Transfer t{&src->region, 0, &d, 0, kSize};
+    Future dropped = p.peer.write({&t, 1});
+    EXPECT_EQ(dropped.wait(std::chrono::milliseconds(100)).code(), ErrorCode::kTimeout);
+
+    Transfer next{&other.region, 0, &d, 0, kSize};
+    ASSERT_TRUE(p.peer.write({&next, 1}).wait(kWait).ok()) << "the peer carries on";
+    EXPECT_EQ(other.bytes, dst.bytes);
+    EXPECT_FALSE(dropped.test());
+
+    Status s;
+    switch (ending) {
+      case Ending::kClose:
+        p.peer.close();
+        s = dropped.wait(kWait);
+        EXPECT_EQ(s.code(), ErrorCode::kCancelled) << s.to_string();
+        break;
+      case Ending::kShutdown:
+        p.initiator.shutdown();
+        s = dropped.wait(kWait);
+        EXPECT_EQ(s.code(), ErrorCode::kCancelled) << s.to_string();
+        break;
+      case Ending::kDeregister:
+        // Deregistering waits for the operation, then cuts the peer off after revoke_timeout.
+        src->region.deregister();
+        s = dropped.wait(kWait);
+        EXPECT_EQ(s.code(), ErrorCode::kRevoked) << s.to_string();
+        EXPECT_FALSE(p.peer.connected());
+        break;
+    }
+    loopback::faults().reset();
+  }
+}
+
 TEST_F(LoopbackFaults, ARegionDeregisteredWhileAnAccessWaitsIsRefusedNotTouched) {
   Pair p(loopback_config(), loopback_config());
   Buffer src(p.initiator, 4096, Access::kLocal, 7);

@@ -20,13 +20,18 @@ Config with_transports(std::vector<TransportKind> kinds) {
   return c;
 }
 
-Descriptor without_key(Descriptor d, TransportKind kind) {
-  int kept = 0;
-  for (int i = 0; i < d.key_count; ++i) {
-    if (d.keys[i].transport != kind) d.keys[kept++] = d.keys[i];
-  }
-  d.key_count = static_cast<uint8_t>(kept);
-  return d;
+// The descriptor without its keys of `kind` (of one device, or all when `device` is -1).
+Descriptor without_key(const Descriptor& d, TransportKind kind, int device = -1) {
+  Descriptor out = d;
+  out.key_count = 0;
+  out.more_keys.clear();
+  auto keep = [&](TransportKind k, uint8_t dev, std::span<const uint8_t> bytes) {
+    if (k != kind || (device >= 0 && dev != device)) out.add_key(k, dev, bytes);
+  };
+  for (int i = 0; i < d.key_count; ++i)
+    keep(d.keys[i].transport, d.keys[i].device, d.keys[i].view());
+  for (const Descriptor::MoreKey& k : d.more_keys) keep(k.transport, k.device, k.bytes);
+  return out;
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -105,6 +110,80 @@ TEST_F(Routing, ADescriptorWithoutTheChosenKeyGoesOverTheNextChannel) {
   // With both keys, loopback carries it (and its injected failure shows it did).
   Transfer preferred{&src.region, 0, &full, 0, kSize};
   EXPECT_EQ(p.peer.write({&preferred, 1}).wait(kWait).code(), ErrorCode::kSystem);
+}
+
+TEST_F(Routing, AMultiRailChannelGivesEachLaneTheKeyOfItsRail) {
+  // The initiator's loopback has three devices (rails), the target's four: their channel
+  // stripes over three, each lane using its rail's key (every rail's key differs, and a wrong
+  // one is refused by the target's region table).
+  loopback::faults().rails = 4;
+  Engine target(with_transports({loopback::kKind, TransportKind::kTcp}));
+  loopback::faults().rails = 3;
+  Engine initiator(with_transports({loopback::kKind, TransportKind::kTcp}));
+  Peer peer = initiator.connect(target.address());
+  ASSERT_TRUE(target.accept(kWait).has_value());
+  ASSERT_EQ(peer.transport(), loopback::kKind);
+  EXPECT_EQ(peer.stats().channel(loopback::kKind)->lanes, 6);
+
+  constexpr std::size_t kSize = 8 << 20;  // 8 slices of 1 MiB: every lane takes some
+  Buffer src(initiator, kSize, Access::kLocal, 12);
+  Buffer dst(target, kSize, Access::kRemoteReadWrite, 13);
+  Descriptor d = Descriptor::parse(dst.region.descriptor().to_string());
+  ASSERT_EQ(d.key_count + d.more_keys.size(), 5u) << "tcp and four loopback devices";
+  for (uint8_t rail = 0; rail < 4; ++rail) EXPECT_FALSE(d.find_key(loopback::kKind, rail).empty());
+  Transfer t{&src.region, 0, &d, 0, kSize};
+  ASSERT_TRUE(peer.write({&t, 1}).wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+  fill_pattern(dst.bytes, 14);
+  ASSERT_TRUE(peer.read({&t, 1}).wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+
+  // Rail 2's key replaced by rail 1's: the lanes on rail 2 are refused.
+  Descriptor swapped = without_key(d, loopback::kKind, 2);
+  swapped.add_key(loopback::kKind, 2, d.find_key(loopback::kKind, 1));
+  Transfer wrong{&src.region, 0, &swapped, 0, kSize};
+  Status s = peer.write({&wrong, 1}).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kWrongKey) << s.to_string();
+
+  // Without rail 2's key, the loopback channel cannot carry it: TCP does.
+  Descriptor two_rails = without_key(d, loopback::kKind, 2);
+  loopback::faults().fail_every_slice = 1;
+  fill_pattern(src.bytes, 15);
+  Transfer over_tcp{&src.region, 0, &two_rails, 0, kSize};
+  ASSERT_TRUE(peer.write({&over_tcp, 1}).wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+  // Prepared batches keep every rail's keys.
+  loopback::faults().fail_every_slice = 0;
+  fill_pattern(src.bytes, 16);
+  Prepared prepared = peer.prepare_write({&t, 1});
+  ASSERT_TRUE(prepared.post().wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+TEST_F(Routing, MemoryNoChannelCanMoveIsRefusedAndNamed) {
+  Pair p(with_transports({loopback::kKind, TransportKind::kTcp}),
+         with_transports({loopback::kKind, TransportKind::kTcp}));
+  Buffer src(p.initiator, 4096, Access::kLocal, 17);
+  Buffer dst(p.target, 4096, Access::kRemoteReadWrite, 18);
+  std::vector<uint8_t> before = dst.bytes;
+  Descriptor host = dst.region.descriptor();
+  EXPECT_EQ(host.memory, MemoryKind::kHost);
+  Descriptor device = host;
+  device.memory = MemoryKind::kCuda;  // as a descriptor of GPU memory would say
+  device = Descriptor::decode(device.encode());
+  ASSERT_EQ(device.memory, MemoryKind::kCuda);
+
+  Transfer t{&src.region, 0, &device, 0, 4096};
+  Status s = p.peer.write({&t, 1}).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "from host to cuda memory")) << s.to_string();
+  // A later entry of a kind no channel moves is refused by its index.
+  Transfer mixed[] = {{&src.region, 0, &host, 0, 2048}, {&src.region, 2048, &device, 2048, 2048}};
+  s = p.peer.write(mixed).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "entry 1: region")) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "is cuda memory, which loopback or tcp")) << s.to_string();
+  EXPECT_EQ(dst.bytes, before) << "a refused batch writes nothing";
 }
 
 TEST(EngineRoutes, PredictedRoutesFollowReach) {

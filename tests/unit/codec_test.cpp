@@ -369,15 +369,16 @@ Descriptor sample_descriptor() {
   d.address = 0x7fff0000;
   d.length = 1 << 20;
   d.access = Access::kRemoteRead;
-  d.key_count = 2;
-  d.keys[0].transport = TransportKind::kTcp;
-  d.keys[0].length = 8;
-  d.keys[0].bytes[0] = 0xaa;
-  d.keys[1].transport = TransportKind::kVerbs;
-  d.keys[1].length = 4;
-  d.keys[1].bytes[3] = 0xbb;
+  d.add_key(TransportKind::kTcp, 0, std::vector<uint8_t>{0xaa, 0, 0, 0, 0, 0, 0, 0});
+  d.add_key(TransportKind::kVerbs, 0, std::vector<uint8_t>{0, 0, 0, 0xbb});
   return d;
 }
+
+// Offsets in the binary form (docs/protocol.md).
+constexpr std::size_t kAccessAt = 2 + 1 + 8 + 8 + 4 + 8 + 8;
+constexpr std::size_t kMemoryAt = kAccessAt + 1;
+constexpr std::size_t kKeyCountAt = kMemoryAt + 1;
+constexpr std::size_t kFirstKeyAt = kKeyCountAt + 1;
 
 TEST(Descriptor, RoundTripsBinaryAndText) {
   Descriptor d = sample_descriptor();
@@ -389,6 +390,7 @@ TEST(Descriptor, RoundTripsBinaryAndText) {
     EXPECT_EQ(back.address, d.address);
     EXPECT_EQ(back.length, d.length);
     EXPECT_EQ(back.access, d.access);
+    EXPECT_EQ(back.memory, MemoryKind::kHost);
     ASSERT_EQ(back.key_count, 2);
     ASSERT_NE(back.key_for(TransportKind::kVerbs), nullptr);
     EXPECT_EQ(back.key_for(TransportKind::kVerbs)->bytes[3], 0xbb);
@@ -420,19 +422,72 @@ TEST(Descriptor, RejectsMalformedInput) {
   version[2] = 9;
   EXPECT_EQ(decode_error(version), ErrorCode::kVersionMismatch);
   auto access = good;
-  access[2 + 1 + 8 + 8 + 4 + 8 + 8 + 1] = 0xf0;  // the access byte
+  access[kAccessAt] = 0xf0;
   EXPECT_EQ(decode_error(access), ErrorCode::kInvalidArgument);
+  auto memory = good;
+  memory[kMemoryAt] = kMemoryKinds;
+  EXPECT_EQ(decode_error(memory), ErrorCode::kInvalidArgument);
+  auto too_many = good;
+  too_many[kKeyCountAt] = Descriptor::kMaxAllKeys + 1;
+  EXPECT_EQ(decode_error(too_many), ErrorCode::kInvalidArgument);
   EXPECT_THROW(Descriptor::parse("ferry2:AAAA"), Error);
   EXPECT_THROW(Descriptor::parse("ferry1:not base64!"), Error);
   auto keyless = good;
-  keyless[2 + 1 + 8 + 8 + 4 + 8 + 8 + 1 + 1] = 0;  // the first key's transport
+  keyless[kFirstKeyAt] = 0;  // the first key's transport
   EXPECT_EQ(decode_error(keyless), ErrorCode::kInvalidArgument);
+  auto empty_key = good;
+  empty_key[kFirstKeyAt + 2] = 0;  // the first key's length
+  EXPECT_EQ(decode_error(empty_key), ErrorCode::kInvalidArgument);
+  auto twice = good;
+  twice[kFirstKeyAt + 3 + 8] = static_cast<uint8_t>(TransportKind::kTcp);  // 2nd key's kind
+  EXPECT_EQ(decode_error(twice), ErrorCode::kInvalidArgument);
+  auto version1 = good;
+  version1[2] = 1;  // before devices and memory kinds
+  EXPECT_EQ(decode_error(version1), ErrorCode::kVersionMismatch);
+}
+
+TEST(Descriptor, CarriesAKeyPerDeviceAndKeysBeyondTheInlineOnes) {
+  Descriptor d = sample_descriptor();
+  d.memory = MemoryKind::kCuda;
+  // Verbs on three more devices, and a 64-byte key (as a CUDA IPC handle is).
+  for (uint8_t device = 1; device <= 3; ++device)
+    d.add_key(TransportKind::kVerbs, device, std::vector<uint8_t>{device, 0, 0, 0});
+  std::vector<uint8_t> handle(64);
+  for (std::size_t i = 0; i < handle.size(); ++i) handle[i] = static_cast<uint8_t>(i);
+  const auto ipc = static_cast<TransportKind>(0x90);
+  d.add_key(ipc, 0, handle);
+  EXPECT_EQ(d.key_count, Descriptor::kMaxKeys);
+  EXPECT_EQ(d.more_keys.size(), 2u);
+  EXPECT_THROW(d.add_key(TransportKind::kVerbs, 2, std::vector<uint8_t>{1}), Error)
+      << "a second key for one device";
+  EXPECT_THROW(d.add_key(ipc, 1, std::vector<uint8_t>(256)), Error) << "over 255 bytes";
+
+  Descriptor back = Descriptor::parse(d.to_string());
+  EXPECT_EQ(back.memory, MemoryKind::kCuda);
+  EXPECT_EQ(back.encode(), d.encode());
+  for (uint8_t device = 0; device <= 3; ++device) {
+    std::span<const uint8_t> key = back.find_key(TransportKind::kVerbs, device);
+    ASSERT_EQ(key.size(), 4u) << int{device};
+    EXPECT_EQ(key[0], device == 0 ? 0 : device);
+  }
+  EXPECT_EQ(back.key_for(TransportKind::kVerbs, 3), nullptr) << "held beyond the inline keys";
+  std::span<const uint8_t> long_key = back.find_key(ipc, 0);
+  EXPECT_TRUE(std::equal(long_key.begin(), long_key.end(), handle.begin(), handle.end()));
+  EXPECT_TRUE(back.find_key(TransportKind::kVerbs, 4).empty());
+
+  // No more than kMaxAllKeys in all.
+  Descriptor full;
+  for (int i = 0; i < Descriptor::kMaxAllKeys; ++i)
+    full.add_key(TransportKind::kVerbs, static_cast<uint8_t>(i), std::vector<uint8_t>{1});
+  EXPECT_THROW(full.add_key(TransportKind::kTcp, 0, std::vector<uint8_t>{1}), Error);
+  EXPECT_EQ(Descriptor::decode(full.encode()).more_keys.size(),
+            static_cast<std::size_t>(Descriptor::kMaxAllKeys - Descriptor::kMaxKeys));
 }
 
 TEST(Descriptor, KeepsTheKeyOfATransportThisBuildLacks) {
   Descriptor d = sample_descriptor();
   const auto newer = static_cast<TransportKind>(0x90);  // a later version's transport
-  d.keys[1].transport = newer;
+  d.keys[1].transport = newer;  // its key as a newer peer's descriptor would carry it
   Descriptor back = Descriptor::decode(d.encode());
   ASSERT_NE(back.key_for(newer), nullptr);
   EXPECT_EQ(back.key_for(newer)->bytes[3], 0xbb);

@@ -6,7 +6,12 @@ namespace ferry::transport {
 namespace {
 
 std::unique_ptr<Transport> open(const Config&, std::string&) {
-  return std::make_unique<loopback::LoopbackTransport>();
+  int rails = loopback::faults().rails.load();
+  if (rails < 1 || rails > kMaxRails) {
+    throw Error(ErrorCode::kInvalidArgument, "loopback: " + std::to_string(rails) +
+                                                 " rails (1 to " + std::to_string(kMaxRails) + ")");
+  }
+  return std::make_unique<loopback::LoopbackTransport>(rails);
 }
 
 TransportInfo describe() {

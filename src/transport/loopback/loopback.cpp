@@ -31,11 +31,12 @@ Fabric& fabric() {
 }
 }  // namespace
 
-LoopbackChannel::LoopbackChannel(ChannelArgs args)
+LoopbackChannel::LoopbackChannel(ChannelArgs args, int rails)
     : host_(args.host),
       link_(std::move(args.link)),
       on_closed_(std::move(args.on_closed)),
-      loop_(args.host.reactor().pick_loop()) {}
+      loop_(args.host.reactor().pick_loop()),
+      rails_(rails) {}
 
 LoopbackChannel::~LoopbackChannel() {
   std::lock_guard lock(fabric().mu);
@@ -54,6 +55,7 @@ std::vector<uint8_t> LoopbackChannel::local_address() const {
   core::ByteWriter w(out);
   w.u32(static_cast<uint32_t>(::getpid()));
   w.u64(endpoint_);
+  w.u8(static_cast<uint8_t>(rails_));
   return out;
 }
 
@@ -61,7 +63,10 @@ Status LoopbackChannel::connect(std::span<const uint8_t> remote) {
   core::ByteReader r(remote);
   uint32_t pid = r.u32();
   uint64_t endpoint = r.u64();
-  if (!r.ok() || !r.at_end()) return {ErrorCode::kProtocol, "loopback address: malformed"};
+  int rails = r.u8();
+  if (!r.ok() || !r.at_end() || rails < 1 || rails > kMaxRails) {
+    return {ErrorCode::kProtocol, "loopback address: malformed"};
+  }
   if (faults().refuse_connect.load()) {
     return {ErrorCode::kConnectFailed, "loopback: connection refused (injected fault)"};
   }
@@ -76,6 +81,7 @@ Status LoopbackChannel::connect(std::span<const uint8_t> remote) {
             "loopback: no channel " + std::to_string(endpoint) + " in this process"};
   }
   peer_ = it->second;
+  rails_ = std::min(rails_, rails);
   return {};
 }
 
@@ -137,23 +143,25 @@ void LoopbackChannel::run(OpState* op) {
     close({ErrorCode::kPeerLost, "loopback: the peer's channel closed"});
     return;
   }
-  bool broke = false;
+  Slice outcome = Slice::kDone;
   bool failed = false;
   if (op->kind == OpKind::kSend) {
     send_message(*op, *to);
   } else {
-    for (int lane = 0; lane < op->lane_count && !broke; ++lane) {
+    for (int lane = 0; lane < op->lane_count && outcome != Slice::kBroke; ++lane) {
       LaneCursor c = op->lanes[lane];
-      while (c.remaining > 0 && !broke) {
+      while (c.remaining > 0 && outcome != Slice::kBroke) {
         const OpEntry& e = op->entries[c.entry];
         uint64_t length = std::min<uint64_t>(e.length - c.offset, op->slice_bytes);
-        broke = !copy_slice(*op, c.entry, c.offset, length, *to, failed);
+        Slice s = copy_slice(*op, lane, c.entry, c.offset, length, *to, failed);
+        if (s != Slice::kDone) outcome = s;
         advance(*op, c, static_cast<uint64_t>(op->lane_count));  // lanes take turns
         --c.remaining;
       }
     }
   }
-  if (!broke) {
+  // A dropped slice leaves the op posted: closing the peer fails it.
+  if (outcome == Slice::kDone) {
     // Every byte landed: the notification comes after them, as RC and TCP order it.
     if (op->kind == OpKind::kWrite && op->with_imm && !failed) {
       to->host_.deliver_imm(*to->link_, op->imm);
@@ -163,15 +171,17 @@ void LoopbackChannel::run(OpState* op) {
   to->leave();
 }
 
-bool LoopbackChannel::copy_slice(OpState& op, std::size_t index, uint64_t offset, uint64_t length,
-                                 LoopbackChannel& to, bool& failed) {
+LoopbackChannel::Slice LoopbackChannel::copy_slice(OpState& op, int lane, std::size_t index,
+                                                   uint64_t offset, uint64_t length,
+                                                   LoopbackChannel& to, bool& failed) {
   Faults& f = faults();
   uint64_t n = f.slices.fetch_add(1) + 1;
   if (uint64_t at = f.break_at_slice.load(); at != 0 && n == at) {
     close({ErrorCode::kPeerLost,
            "loopback: a lane broke at slice " + std::to_string(n) + " (injected fault)"});
-    return false;
+    return Slice::kBroke;
   }
+  if (uint64_t at = f.drop_slice.load(); at != 0 && n == at) return Slice::kDropped;
   const OpEntry& e = op.entries[index];
   bool write = op.kind == OpKind::kWrite;
   Status s;
@@ -180,8 +190,9 @@ bool LoopbackChannel::copy_slice(OpState& op, std::size_t index, uint64_t offset
   } else {
     uint8_t* addr = nullptr;
     RegionUse use;  // held while copying: a deregistration waits for it
-    s = to.host_.regions().acquire(e.remote_region, e.remote_key ^ LoopbackTransport::kKeyFlip,
-                                   e.remote_offset + offset, length,
+    int rail = lane % rails_;
+    uint64_t key = op.remote_key(index, rail) ^ LoopbackTransport::key_flip(rail);
+    s = to.host_.regions().acquire(e.remote_region, key, e.remote_offset + offset, length,
                                    write ? Access::kRemoteWrite : Access::kRemoteRead, &addr, use);
     if (s.ok() && write) std::memcpy(addr, e.local + offset, length);
     if (s.ok() && !write) std::memcpy(e.local + offset, addr, length);
@@ -191,7 +202,7 @@ bool LoopbackChannel::copy_slice(OpState& op, std::size_t index, uint64_t offset
     op.record_error({s.code(), std::string(write ? "write" : "read") + " entry " +
                                    std::to_string(index) + ": " + s.message()});
   }
-  return true;
+  return Slice::kDone;
 }
 
 void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
@@ -210,8 +221,19 @@ void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
   }
 }
 
+Status LoopbackTransport::register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
+                                          KeySink& keys) {
+  for (int rail = 0; rail < rails_; ++rail) {
+    uint64_t key = table_key ^ key_flip(rail);
+    uint8_t bytes[sizeof key];
+    std::memcpy(bytes, &key, sizeof key);
+    if (Status s = keys.add(static_cast<uint8_t>(rail), bytes); !s.ok()) return s;
+  }
+  return {};
+}
+
 Status LoopbackTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
-  auto channel = std::make_shared<LoopbackChannel>(std::move(args));
+  auto channel = std::make_shared<LoopbackChannel>(std::move(args), rails_);
   channel->publish();
   out = std::move(channel);
   return {};

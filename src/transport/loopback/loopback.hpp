@@ -19,8 +19,9 @@ namespace ferry::transport::loopback {
 
 // Its kind: outside the range of transports that cross processes.
 constexpr TransportKind kKind{0x7f};
-// Lanes of a channel: more than one, so operations are striped as over sockets or queue pairs.
-constexpr int kLanes = 2;
+// Lanes of a channel per rail: more than one, so operations are striped as over sockets or
+// queue pairs.
+constexpr int kLanesPerRail = 2;
 
 // Faults injected into every loopback channel of the process while set (tests set them, then
 // reset()). Counting is process-wide: slices are numbered from 1 across all channels.
@@ -29,30 +30,41 @@ struct Faults {
   std::atomic<uint64_t> break_at_slice{0};    // the Nth slice breaks its channel, as a lane whose
                                               // connection died: the peer is lost (0: none)
   std::atomic<int64_t> delay_us{0};           // each operation waits this long first
+  std::atomic<uint64_t> drop_slice{0};        // the Nth slice is never done nor answered, as a
+                                              // lost completion: its operation stays in flight
+                                              // until a wait times out or the peer is closed
   std::atomic<bool> refuse_connect{false};    // connect() fails, as an unreachable device would
   std::atomic<uint64_t> slices{0};            // slices handled so far
+  // Not a fault: the devices (rails) each loopback transport opened from now on has, each
+  // opening a region with its own key as a NIC per rail would (1 to kMaxRails). A channel
+  // stripes over the rails both ends have, lane l on rail l % rails.
+  std::atomic<int> rails{1};
   void reset() {
     fail_every_slice = 0;
     break_at_slice = 0;
     delay_us = 0;
+    drop_slice = 0;
     refuse_connect = false;
     slices = 0;
+    rails = 1;
   }
 };
 Faults& faults();
 
 class LoopbackChannel final : public Channel, public std::enable_shared_from_this<LoopbackChannel> {
  public:
-  explicit LoopbackChannel(ChannelArgs args);
+  LoopbackChannel(ChannelArgs args, int rails);
   ~LoopbackChannel() override;
   // Makes the channel reachable by its address (once shared_from_this works).
   void publish();
 
   TransportKind kind() const override { return kKind; }
-  // The address is this process's id (u32) and the channel's endpoint number (u64).
+  // The address is this process's id (u32), the channel's endpoint number (u64) and its
+  // rails (u8).
   std::vector<uint8_t> local_address() const override;
   Status connect(std::span<const uint8_t> remote) override;
-  int lanes() const override { return kLanes; }
+  int lanes() const override { return kLanesPerRail * rails_; }
+  int rails() const override { return rails_; }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
   bool closed() const override { return closing_.load(); }
@@ -71,15 +83,18 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   bool enter();
   // Carries out a posted operation on this engine's progress thread.
   void run(OpState* op);
-  // One slice of a write or read into or from the target `to`; false when the channel broke.
-  bool copy_slice(OpState& op, std::size_t index, uint64_t offset, uint64_t length,
-                  LoopbackChannel& to, bool& failed);
+  enum class Slice : uint8_t { kDone, kBroke, kDropped };
+  // One slice of a write or read on `lane` into or from the target `to` (kDone also when the
+  // access was refused: `failed` says so).
+  Slice copy_slice(OpState& op, int lane, std::size_t index, uint64_t offset, uint64_t length,
+                   LoopbackChannel& to, bool& failed);
   void send_message(OpState& op, LoopbackChannel& to);
 
   Host& host_;
   std::shared_ptr<PeerLink> link_;
   std::function<void(const Status&)> on_closed_;
   const int loop_;
+  int rails_;  // this end's until connect(), then the number both ends have
   uint64_t endpoint_ = 0;
   std::weak_ptr<LoopbackChannel> peer_;  // set by connect(), before any post
   std::atomic<bool> closing_{false};
@@ -92,17 +107,20 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
 
 class LoopbackTransport final : public Transport {
  public:
+  explicit LoopbackTransport(int rails) : rails_(rails) {}
   TransportKind kind() const override { return kKind; }
   // The target's region table checks every access, as over TCP, but the key differs from
-  // TCP's (the table key, flipped): a key sent over the wrong channel is refused, as between
-  // real transports, which lets tests catch it.
+  // TCP's (the table key, flipped) and from rail to rail: a key sent over the wrong channel or
+  // rail is refused, as between real transports and NICs, which lets tests catch it.
   static constexpr uint64_t kKeyFlip = 0x6c6f6f7062616b6bULL;
+  static uint64_t key_flip(int rail) { return kKeyFlip ^ (0x0101010101010101ULL * rail); }
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
-                         std::span<uint8_t> key, uint8_t& key_length) override {
-    return table_key_as_key(table_key ^ kKeyFlip, key, key_length);
-  }
+                         KeySink& keys) override;
   void deregister_region(uint32_t) override {}
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
+
+ private:
+  int rails_;
 };
 
 }  // namespace ferry::transport::loopback

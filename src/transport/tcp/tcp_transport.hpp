@@ -12,8 +12,8 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TcpOptions& options) : options_(options) {}
   TransportKind kind() const override { return TransportKind::kTcp; }
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
-                         std::span<uint8_t> key, uint8_t& key_length) override {
-    return table_key_as_key(table_key, key, key_length);
+                         KeySink& keys) override {
+    return table_key_as_key(table_key, keys);
   }
   // The region table revokes access; TCP holds no per-region state of its own.
   void deregister_region(uint32_t) override {}

@@ -119,8 +119,7 @@ VerbsDevice::~VerbsDevice() {
 }
 
 Status VerbsDevice::register_region(uint32_t region_id, uint8_t* base, uint64_t length,
-                                    Access granted, uint64_t, std::span<uint8_t> key,
-                                    uint8_t& key_length) {
+                                    Access granted, uint64_t, KeySink& keys) {
   // The NIC enforces exactly what was granted: a peer holding the rkey of a read-only region
   // cannot write it. Local writes are always allowed (reads land in local regions).
   int access = IBV_ACCESS_LOCAL_WRITE;
@@ -139,9 +138,9 @@ Status VerbsDevice::register_region(uint32_t region_id, uint8_t* base, uint64_t 
                                     " bytes): " + std::strerror(errno)};
   }
   mrs_[slot_of(region_id)].store(mr);
-  std::memcpy(key.data(), &mr->rkey, sizeof mr->rkey);
-  key_length = sizeof mr->rkey;
-  return {};
+  uint8_t rkey[sizeof mr->rkey];
+  std::memcpy(rkey, &mr->rkey, sizeof mr->rkey);
+  return keys.add(0, rkey);
 }
 
 void VerbsDevice::deregister_region(uint32_t region_id) {

@@ -30,7 +30,7 @@ class VerbsDevice final : public Transport {
 
   TransportKind kind() const override { return TransportKind::kVerbs; }
   Status register_region(uint32_t region_id, uint8_t* base, uint64_t length, Access access,
-                         uint64_t table_key, std::span<uint8_t> key, uint8_t& key_length) override;
+                         uint64_t table_key, KeySink& keys) override;
   void deregister_region(uint32_t region_id) override;
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
 
