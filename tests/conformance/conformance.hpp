@@ -43,6 +43,7 @@ inline Config conformance_config(TransportKind kind) {
   return c;
 }
 
+// Expectations branch on what a transport can do (its registry entry), never on its name.
 class Conformance : public ::testing::TestWithParam<TransportKind> {
  protected:
   void SetUp() override {
@@ -52,11 +53,34 @@ class Conformance : public ::testing::TestWithParam<TransportKind> {
       if (conformance_required(kind)) FAIL() << to_string(kind) << " is required: " << t.detail;
       GTEST_SKIP() << to_string(kind) << " is not usable here: " << t.detail;
     }
-    p_ = std::make_unique<Pair>(conformance_config(kind), conformance_config(kind));
-    ASSERT_EQ(p_->peer.transport(), kind);
-    ASSERT_EQ(p_->target_peer.transport(), kind);
   }
-  Pair& pair() { return *p_; }
+  // The case's settings: only the transport under test.
+  Config config() const { return conformance_config(GetParam()); }
+  // Two engines configured so, whose peers use the transport under test.
+  std::unique_ptr<Pair> connect(const Config& target, const Config& initiator) const {
+    auto p = std::make_unique<Pair>(target, initiator);
+    if (p->peer.transport() != GetParam() || p->target_peer.transport() != GetParam()) {
+      throw Error(ErrorCode::kUnsupported, "the peers did not take the transport under test");
+    }
+    return p;
+  }
+  // A pair with the case's settings, made on first use.
+  Pair& pair() {
+    if (!p_) p_ = connect(config(), config());
+    return *p_;
+  }
+  // Whether the transport has every one of these transport::Capability bits.
+  bool can(uint32_t capabilities) const {
+    const transport::TransportEntry* entry = transport::find_transport(GetParam());
+    return entry != nullptr && (entry->capabilities & capabilities) == capabilities;
+  }
+  // Its NIC, not the target's CPU, serves write and read: a refused access fails the queue pair
+  // and with it the channel, as RDMA does.
+  bool nic_served() const { return can(transport::kCapOneSided); }
+  // It reaches peers in other processes.
+  bool crosses_processes() const {
+    return can(transport::kCapCrossProcess) || can(transport::kCapCrossHost);
+  }
 
  private:
   std::unique_ptr<Pair> p_;

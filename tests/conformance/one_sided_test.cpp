@@ -68,10 +68,10 @@ TEST_P(Conformance, StripesOverMoreThanSixteenLanes) {
   }
 }
 
-TEST_P(Conformance, ScatteredBatchBothWays) {
+TEST_P(Conformance, TenThousandScatteredEntriesBothWays) {
   Pair& p = pair();
-  constexpr int kEntries = 2000;
-  constexpr uint64_t kEntry = 257;
+  constexpr int kEntries = 10000;
+  constexpr uint64_t kEntry = 333;  // odd size: entries straddle every alignment
   Buffer local(p.initiator, kEntries * kEntry, Access::kLocal, 3);
   Buffer remote(p.target, kEntries * kEntry * 2, Access::kRemoteReadWrite, 4);
   Descriptor d = remote.region.descriptor();
@@ -89,6 +89,61 @@ TEST_P(Conformance, ScatteredBatchBothWays) {
   std::fill(local.bytes.begin(), local.bytes.end(), 0);
   ASSERT_TRUE(p.peer.read(batch).wait(kWait).ok());
   EXPECT_EQ(expected, local.bytes);
+}
+
+TEST_P(Conformance, ManyThreadsBothDirectionsOnePeer) {
+  Pair& p = pair();
+  constexpr int kThreads = 4;
+  constexpr int kOpsPerThread = 40;
+  constexpr uint64_t kSlot = 3 << 20;
+  Buffer init_side(p.initiator, kThreads * kSlot, Access::kRemoteReadWrite, 5);
+  Buffer target_side(p.target, kThreads * kSlot, Access::kRemoteReadWrite, 6);
+  Descriptor at_target = target_side.region.descriptor();
+  Descriptor at_initiator = init_side.region.descriptor();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Even threads push initiator -> target, odd ones target -> initiator, in disjoint slots.
+      bool forward = t % 2 == 0;
+      const Peer& peer = forward ? p.peer : p.target_peer;
+      Buffer& src = forward ? init_side : target_side;
+      Buffer& dst = forward ? target_side : init_side;
+      const Descriptor& d = forward ? at_target : at_initiator;
+      uint64_t base = static_cast<uint64_t>(t) * kSlot;
+      std::vector<Future> inflight;
+      for (int i = 0; i < kOpsPerThread; ++i) {
+        uint64_t len = 1 + (static_cast<uint64_t>(i) * 104729) % kSlot;
+        uint64_t off = (static_cast<uint64_t>(i) * 7919) % (kSlot - len + 1);
+        Transfer tr{&src.region, base + off, &d, base + off, len};
+        // Keep a few operations in flight per thread; wait in order.
+        inflight.push_back(peer.write({&tr, 1}));
+        if (inflight.size() == 4 || i == kOpsPerThread - 1) {
+          for (auto& f : inflight) {
+            if (!f.wait(kWait).ok()) failures++;
+          }
+          inflight.clear();
+        }
+      }
+      (void)dst;
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+  // Every slot's last-written bytes match the source (the writes overlap, the sources don't
+  // change).
+  for (int t = 0; t < kThreads; ++t) {
+    bool forward = t % 2 == 0;
+    Buffer& src = forward ? init_side : target_side;
+    Buffer& dst = forward ? target_side : init_side;
+    uint64_t base = static_cast<uint64_t>(t) * kSlot;
+    for (int i = 0; i < kOpsPerThread; ++i) {
+      uint64_t len = 1 + (static_cast<uint64_t>(i) * 104729) % kSlot;
+      uint64_t off = (static_cast<uint64_t>(i) * 7919) % (kSlot - len + 1);
+      ASSERT_EQ(0, std::memcmp(src.bytes.data() + base + off, dst.bytes.data() + base + off, len))
+          << t << " " << i;
+    }
+  }
 }
 
 // write_with_imm of `len` bytes, three rounds: at the moment each notification is seen, every
@@ -119,6 +174,59 @@ void expect_imm_after_every_byte(Pair& p, uint64_t len, uint32_t first_imm) {
 TEST_P(Conformance, WriteWithImmNotifiesAfterEveryByte) {
   expect_imm_after_every_byte(pair(), 8 << 20, 0x5000);  // sliced, striped over every lane
   expect_imm_after_every_byte(pair(), 4096, 0x6000);     // one slice carries the immediate
+}
+
+TEST_P(Conformance, WriteWithImmCallbackDeliversAndRefusedWritesNotifyNothing) {
+  Pair& p = pair();
+  Buffer local(p.initiator, 1 << 20, Access::kLocal, 9);
+  Buffer remote(p.target, 1 << 20, Access::kRemoteWrite, 10);
+  Descriptor d = remote.region.descriptor();
+  std::atomic<int> seen{0};
+  std::atomic<uint32_t> last{0};
+  p.target.on_imm([&](const ImmEvent& e) {
+    last = e.imm;
+    seen++;
+  });
+  if (!nic_served()) {
+    // (A NIC's refusal fails the queue pair with the write: Verbs.TheNicRefuses* tests it.)
+    Descriptor forged = d;
+    forged.keys[0].bytes[1] ^= 0x40;
+    Transfer bad{&local.region, 0, &forged, 0, 1 << 20};
+    EXPECT_EQ(p.peer.write_with_imm({&bad, 1}, 1).wait(kWait).code(), ErrorCode::kWrongKey);
+  }
+  Transfer good{&local.region, 0, &d, 0, 1 << 20};
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(p.peer.write_with_imm({&good, 1}, 100 + i).wait(kWait).ok());
+  auto deadline = Clock::now() + kWait;
+  while (seen.load() < 20 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(seen.load(), 20) << "the refused write must not notify";
+  EXPECT_EQ(last.load(), 119u);
+}
+
+TEST_P(Conformance, WriteWithImmPeerWhoseNotificationsAreNotTakenIsClosed) {
+  Config tc = config();
+  tc.max_queued_imms = 5;
+  auto owned = connect(tc, config());
+  Pair& p = *owned;
+  Buffer local(p.initiator, 64, Access::kLocal, 11);
+  Buffer remote(p.target, 64, Access::kRemoteWrite, 12);
+  Descriptor d = remote.region.descriptor();
+  Transfer t{&local.region, 0, &d, 0, 64};
+  for (uint32_t i = 0; i < 5; ++i) ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, i).wait(kWait).ok());
+  // The sixth finds the peer's queue full: the peer is closed, loudly.
+  (void)p.peer.write_with_imm({&t, 1}, 5).wait(kWait);
+  auto deadline = Clock::now() + kWait;
+  while (p.target_peer.connected() && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(p.target_peer.connected());
+  // What was queued before stays receivable, in order.
+  for (uint32_t i = 0; i < 5; ++i) {
+    auto ev = p.target.next_imm(kWait);
+    ASSERT_TRUE(ev.has_value());
+    EXPECT_EQ(ev->imm, i);
+  }
+  EXPECT_FALSE(p.target.next_imm(std::chrono::milliseconds(50)).has_value());
 }
 
 // A scattered batch (odd sizes and offsets, one entry over the slice size) prepared once and

@@ -211,7 +211,12 @@ void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
   Matcher::Arrival a = matcher.arrive(op.tag, src.length);
   if (!a.error.ok()) {
     op.record_error(a.error);
-  } else if (a.recv != nullptr) {
+    return;
+  }
+  // Taken by a receive or buffered: counted on both ends, as every transport does.
+  messages.sent.fetch_add(1, std::memory_order_relaxed);
+  to.messages.received.fetch_add(1, std::memory_order_relaxed);
+  if (a.recv != nullptr) {
     uint64_t capacity = a.recv->entries[0].length;
     Matcher::deliver(a.recv, src.local, src.length);
     a.recv->finish_posted();
