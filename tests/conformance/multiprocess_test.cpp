@@ -11,31 +11,41 @@
 namespace ferry::test {
 namespace {
 
+// A target process offering `kind`, and an engine connected to it over that transport.
+struct AcrossProcesses {
+  AcrossProcesses(std::size_t size, TransportKind kind, const Config& c)
+      : target(size, std::string(to_string(kind))),
+        engine(c),
+        peer(engine.connect(target.address)) {
+    if (peer.transport() != kind)
+      throw Error(ErrorCode::kUnsupported, "the peer did not take the transport under test");
+  }
+  TargetProcess target;
+  Engine engine;
+  Peer peer;
+};
+
 TEST_P(Conformance, ByteExactAcrossTheProcessBoundary) {
   if (!crosses_processes()) GTEST_SKIP() << "stays in one process";
   constexpr std::size_t kSize = 16 << 20;
-  TargetProcess target(kSize, std::string(to_string(GetParam())));
-  ASSERT_FALSE(target.address.empty());
-  Engine e(config());
-  Peer peer = e.connect(target.address);
-  ASSERT_EQ(peer.transport(), GetParam());
+  AcrossProcesses x(kSize, GetParam(), config());
   std::vector<uint8_t> buf(kSize), back(kSize);
-  Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
-  Region check = e.register_memory(back.data(), kSize, Access::kLocal);
+  Region local = x.engine.register_memory(buf.data(), kSize, Access::kLocal);
+  Region check = x.engine.register_memory(back.data(), kSize, Access::kLocal);
 
   // Reads see what the target process wrote itself.
-  Transfer whole{&local, 0, &target.descriptor, 0, kSize};
-  ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
+  Transfer whole{&local, 0, &x.target.descriptor, 0, kSize};
+  ASSERT_TRUE(x.peer.read({&whole, 1}).wait(kWait).ok());
   for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
 
   for (uint64_t size :
        {uint64_t{1}, uint64_t{3}, uint64_t{4097}, uint64_t{999999}, uint64_t{5} << 20}) {
     uint64_t off = (size * 13) % (kSize - size);
     fill_pattern(buf.data() + off, size, static_cast<uint32_t>(size));
-    Transfer w{&local, off, &target.descriptor, off, size};
-    ASSERT_TRUE(peer.write({&w, 1}).wait(kWait).ok()) << size;
-    Transfer r{&check, off, &target.descriptor, off, size};
-    ASSERT_TRUE(peer.read({&r, 1}).wait(kWait).ok()) << size;
+    Transfer w{&local, off, &x.target.descriptor, off, size};
+    ASSERT_TRUE(x.peer.write({&w, 1}).wait(kWait).ok()) << size;
+    Transfer r{&check, off, &x.target.descriptor, off, size};
+    ASSERT_TRUE(x.peer.read({&r, 1}).wait(kWait).ok()) << size;
     ASSERT_EQ(0, std::memcmp(buf.data() + off, back.data() + off, size)) << size;
   }
 }
@@ -43,22 +53,20 @@ TEST_P(Conformance, ByteExactAcrossTheProcessBoundary) {
 TEST_P(Conformance, KilledTargetFailsInFlightOperationsWithinTheTimeout) {
   if (!crosses_processes()) GTEST_SKIP() << "stays in one process";
   constexpr std::size_t kSize = 16 << 20;
-  TargetProcess target(kSize, std::string(to_string(GetParam())));
   Config c = config();
   c.peer_timeout = std::chrono::seconds(3);
-  Engine e(c);
-  Peer peer = e.connect(target.address);
-  ASSERT_EQ(peer.transport(), GetParam());
+  AcrossProcesses x(kSize, GetParam(), c);
   // Reads land in one buffer, writes come from another: the two never touch the same bytes.
   std::vector<uint8_t> in(kSize), out(kSize);
-  Region read_into = e.register_memory(in.data(), kSize, Access::kLocal);
-  Region write_from = e.register_memory(out.data(), kSize, Access::kLocal);
-  Transfer t{&write_from, 0, &target.descriptor, 0, kSize};
-  Transfer r{&read_into, 0, &target.descriptor, 0, kSize};
+  Region read_into = x.engine.register_memory(in.data(), kSize, Access::kLocal);
+  Region write_from = x.engine.register_memory(out.data(), kSize, Access::kLocal);
+  Transfer t{&write_from, 0, &x.target.descriptor, 0, kSize};
+  Transfer r{&read_into, 0, &x.target.descriptor, 0, kSize};
   std::vector<Future> futures;
-  for (int i = 0; i < 64; ++i) futures.push_back(i % 2 ? peer.write({&t, 1}) : peer.read({&r, 1}));
+  for (int i = 0; i < 64; ++i)
+    futures.push_back(i % 2 ? x.peer.write({&t, 1}) : x.peer.read({&r, 1}));
   ASSERT_TRUE(futures[0].wait(kWait).ok());
-  target.kill_now();
+  x.target.kill_now();
   auto start = Clock::now();
   int lost = 0;
   for (auto& f : futures) {
@@ -75,33 +83,30 @@ TEST_P(Conformance, KilledTargetFailsInFlightOperationsWithinTheTimeout) {
     EXPECT_GT(lost, 0);
   }
   EXPECT_LT(Clock::now() - start, c.peer_timeout + std::chrono::seconds(2));
-  EXPECT_EQ(peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost);
-  EXPECT_FALSE(peer.connected());
+  EXPECT_EQ(x.peer.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost);
+  EXPECT_FALSE(x.peer.connected());
 }
 
 TEST_P(Conformance, HungTargetIsDetectedByLiveness) {
   if (!crosses_processes()) GTEST_SKIP() << "stays in one process";
-  TargetProcess target(1 << 20, std::string(to_string(GetParam())));
   Config c = config();
   c.peer_timeout = std::chrono::seconds(1);
-  Engine e(c);
-  Peer peer = e.connect(target.address);
-  ASSERT_EQ(peer.transport(), GetParam());
+  AcrossProcesses x(1 << 20, GetParam(), c);
   std::vector<uint8_t> buf(1 << 20);
-  Region local = e.register_memory(buf.data(), buf.size(), Access::kLocal);
-  Transfer t{&local, 0, &target.descriptor, 0, buf.size()};
-  ASSERT_TRUE(peer.read({&t, 1}).wait(kWait).ok());
-  kill(target.pid, SIGSTOP);  // alive for the kernel, silent for us
-  ASSERT_TRUE(wait_until_stopped(target.pid));
-  Future read = peer.read({&t, 1});
+  Region local = x.engine.register_memory(buf.data(), buf.size(), Access::kLocal);
+  Transfer t{&local, 0, &x.target.descriptor, 0, buf.size()};
+  ASSERT_TRUE(x.peer.read({&t, 1}).wait(kWait).ok());
+  kill(x.target.pid, SIGSTOP);  // alive for the kernel, silent for us
+  ASSERT_TRUE(wait_until_stopped(x.target.pid));
+  Future read = x.peer.read({&t, 1});
   // Nobody receives: the message waits for the target's engine to buffer and acknowledge it.
-  Future sent = peer.send(1, local, 0, 64);
+  Future sent = x.peer.send(1, local, 0, 64);
   auto start = Clock::now();
   Status s = sent.wait(std::chrono::seconds(10));
   EXPECT_EQ(s.code(), ErrorCode::kPeerLost) << s.to_string();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   EXPECT_NE(s.message().find("no sign of life"), std::string::npos) << s.message();
-  EXPECT_FALSE(peer.connected());
+  EXPECT_FALSE(x.peer.connected());
   Status r = read.wait(std::chrono::seconds(1));
   if (!nic_served()) {
     EXPECT_EQ(r.code(), ErrorCode::kPeerLost) << r.to_string();
