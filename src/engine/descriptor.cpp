@@ -59,6 +59,19 @@ void Descriptor::add_key(TransportKind transport, uint8_t device, std::span<cons
 }
 
 std::vector<uint8_t> Descriptor::encode() const {
+  // The fields are public: what decode() would refuse is refused here too.
+  if (key_count > kMaxKeys)
+    throw bad_descriptor("more than " + std::to_string(kMaxKeys) + " inline keys");
+  if (key_count + more_keys.size() > static_cast<std::size_t>(kMaxAllKeys))
+    throw bad_descriptor("more than " + std::to_string(kMaxAllKeys) + " keys");
+  for (int i = 0; i < key_count; ++i) {
+    if (keys[i].length == 0 || keys[i].length > sizeof(Key::bytes))
+      throw bad_descriptor("an inline key of " + std::to_string(keys[i].length) + " bytes");
+  }
+  for (const MoreKey& key : more_keys) {
+    if (key.bytes.empty() || key.bytes.size() > kMaxKeyBytes)
+      throw bad_descriptor("a key of " + std::to_string(key.bytes.size()) + " bytes");
+  }
   std::vector<uint8_t> out;
   core::ByteWriter w(out);
   w.u8(kDescriptorMagic0);
@@ -120,7 +133,11 @@ Descriptor Descriptor::decode(std::span<const uint8_t> bytes) {
     uint8_t device = r.u8();
     uint8_t length = r.u8();
     std::span<const uint8_t> key = r.view(length);
-    if (r.ok()) d.add_key(transport, device, key);
+    if (!r.ok()) break;
+    // One encoding per descriptor: the inline keys come first.
+    if (!d.more_keys.empty() && d.key_count < kMaxKeys && length <= sizeof(Key::bytes))
+      throw bad_descriptor("keys out of order");
+    d.add_key(transport, device, key);
   }
   if (!r.ok()) throw bad_descriptor("truncated");
   if (!r.at_end()) throw bad_descriptor("trailing bytes");

@@ -190,7 +190,7 @@ class DescriptorKeys final : public transport::KeySink {
       d_.add_key(kind_, device, key);
       return {};
     } catch (const Error& e) {
-      return {e.code(), std::string(to_string(kind_)) + " keys: " + e.what()};
+      return {e.code(), std::string(to_string(kind_)) + " keys: " + e.status().message()};
     }
   }
 

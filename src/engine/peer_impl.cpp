@@ -228,11 +228,19 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
                                         " exceeds region length " + std::to_string(remote->length)};
       break;
     case Refusal::kNoKey: {
+      // Each channel that carries it, with the device whose key is missing where it has several.
       std::string kinds;
       bool moved = false;
       for (uint8_t c : order) {
-        kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(channels.at(c).kind()));
-        moved = moved || (via(c).memory & transport::memory_bit(remote->memory)) != 0;
+        Via v = via(c);
+        kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(v.kind));
+        uint64_t key = 0;
+        for (uint8_t rail = 0; rail < v.rails; ++rail) {
+          if (key_value(*remote, v.kind, rail, key)) continue;
+          if (rail > 0) kinds += " device " + std::to_string(rail);
+          break;
+        }
+        moved = moved || (v.memory & transport::memory_bit(remote->memory)) != 0;
       }
       if (kinds.empty()) kinds = "any channel";
       s = {ErrorCode::kUnsupported,

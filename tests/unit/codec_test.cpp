@@ -475,6 +475,30 @@ TEST(Descriptor, CarriesAKeyPerDeviceAndKeysBeyondTheInlineOnes) {
   EXPECT_TRUE(std::equal(long_key.begin(), long_key.end(), handle.begin(), handle.end()));
   EXPECT_TRUE(back.find_key(TransportKind::kVerbs, 4).empty());
 
+  // One encoding only: a long key before a short one that would be held inline is refused.
+  Descriptor ordered;
+  ordered.add_key(TransportKind::kTcp, 0, std::vector<uint8_t>(8, 1));
+  ordered.add_key(ipc, 0, handle);
+  std::vector<uint8_t> bytes = ordered.encode();
+  std::size_t first = kFirstKeyAt, second = first + 3 + 8;
+  std::vector<uint8_t> swapped(bytes.begin(), bytes.begin() + static_cast<long>(first));
+  swapped.insert(swapped.end(), bytes.begin() + static_cast<long>(second), bytes.end());
+  swapped.insert(swapped.end(), bytes.begin() + static_cast<long>(first),
+                 bytes.begin() + static_cast<long>(second));
+  EXPECT_EQ(decode_error(swapped), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(decode_error(bytes), ErrorCode::kOk);
+
+  // Fields set by hand are checked before encoding, as decoding checks them.
+  Descriptor hand = sample_descriptor();
+  hand.keys[0].length = 0;
+  EXPECT_THROW(hand.encode(), Error);
+  hand = sample_descriptor();
+  hand.key_count = Descriptor::kMaxKeys + 1;
+  EXPECT_THROW(hand.encode(), Error);
+  hand = sample_descriptor();
+  hand.more_keys.push_back({ipc, 1, std::vector<uint8_t>(256)});
+  EXPECT_THROW(hand.encode(), Error);
+
   // No more than kMaxAllKeys in all.
   Descriptor full;
   for (int i = 0; i < Descriptor::kMaxAllKeys; ++i)

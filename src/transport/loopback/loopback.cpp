@@ -145,7 +145,13 @@ void LoopbackChannel::run(OpState* op) {
   }
   Slice outcome = Slice::kDone;
   bool failed = false;
-  if (op->kind == OpKind::kSend) {
+  if (op->kind != OpKind::kSend &&
+      (op->rails != rails_ || op->rail_keys.size() != op->entries.size() * (rails_ - 1u))) {
+    // The engine must hand over every rail's key of every entry; checked, not trusted.
+    failed = true;
+    op->record_error({ErrorCode::kProtocol, "loopback: the operation lacks keys of its " +
+                                                std::to_string(rails_) + " rails"});
+  } else if (op->kind == OpKind::kSend) {
     send_message(*op, *to);
   } else {
     for (int lane = 0; lane < op->lane_count && outcome != Slice::kBroke; ++lane) {
@@ -153,7 +159,8 @@ void LoopbackChannel::run(OpState* op) {
       while (c.remaining > 0 && outcome != Slice::kBroke) {
         const OpEntry& e = op->entries[c.entry];
         uint64_t length = std::min<uint64_t>(e.length - c.offset, op->slice_bytes);
-        Slice s = copy_slice(*op, lane, c.entry, c.offset, length, *to, failed);
+        Slice s = copy_slice(*op, (op->first_lane + lane) % lanes(), c.entry, c.offset, length, *to,
+                             failed);
         if (s != Slice::kDone) outcome = s;
         advance(*op, c, static_cast<uint64_t>(op->lane_count));  // lanes take turns
         --c.remaining;
@@ -189,8 +196,8 @@ LoopbackChannel::Slice LoopbackChannel::copy_slice(OpState& op, int lane, std::s
     s = {ErrorCode::kSystem, "slice " + std::to_string(n) + " failed (injected fault)"};
   } else {
     uint8_t* addr = nullptr;
-    RegionUse use;  // held while copying: a deregistration waits for it
-    int rail = lane % rails_;
+    RegionUse use;             // held while copying: a deregistration waits for it
+    int rail = lane % rails_;  // lanes alternate between the rails
     uint64_t key = op.remote_key(index, rail) ^ LoopbackTransport::key_flip(rail);
     s = to.host_.regions().acquire(e.remote_region, key, e.remote_offset + offset, length,
                                    write ? Access::kRemoteWrite : Access::kRemoteRead, &addr, use);
