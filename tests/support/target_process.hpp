@@ -37,12 +37,16 @@ struct TargetProcess {
     std::string host_arg = "127.0.0.1";
     char* argv[] = {const_cast<char*>(FERRY_TEST_TARGET_PATH), size_arg.data(), host_arg.data(),
                     transports.empty() ? nullptr : transports.data(), nullptr};
-    if (posix_spawn(&pid, FERRY_TEST_TARGET_PATH, &fa, nullptr, argv, environ) != 0) {
-      throw std::runtime_error("posix_spawn");
-    }
+    int spawned = posix_spawn(&pid, FERRY_TEST_TARGET_PATH, &fa, nullptr, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(in[0]);
     close(out[1]);
+    if (spawned != 0) {
+      close(in[1]);
+      close(out[0]);
+      pid = -1;
+      throw std::runtime_error(std::string("posix_spawn ") + FERRY_TEST_TARGET_PATH);
+    }
     stdin_fd = in[1];
     FILE* f = fdopen(out[0], "r");
     char line[4096];
