@@ -484,7 +484,6 @@ void EngineImpl::attach_side(const std::shared_ptr<PeerImpl>& peer, const engine
     auto it = std::find_if(joining_.begin(), joining_.end(),
                            [&](const auto& j) { return j.first == join.token; });
     if (it == joining_.end() || ++it->second.joined != it->second.expected) return;
-    joining_.erase(it);
   }
   publish(peer);
 }
@@ -494,7 +493,11 @@ void EngineImpl::publish(const std::shared_ptr<PeerImpl>& peer) {
   // for this thread before it collects the peers, so none is missed in between.)
   peer->start_control();
   {
+    // It leaves joining_ and enters peers_ in one step, so it is counted all along; a peer
+    // that closed while joining (its client came and went) is not brought back.
     std::lock_guard lock(mu_);
+    std::erase_if(joining_, [&](const auto& j) { return j.second.peer == peer; });
+    if (peer->lost.load()) return;
     peers_.push_back(peer);
     accepted_.push_back(peer);
     ++admitted_;

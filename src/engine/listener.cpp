@@ -367,11 +367,9 @@ Status Listener::admit_peer(Handshake& h) {
 Status Listener::on_addresses(Handshake& h, std::span<const uint8_t> body) {
   if (Status s = EngineImpl::connect_channels(*h.peer, body); !s.ok()) return s;
   if (Status s = queue(h, EngineImpl::channel_addresses(*h.peer)); !s.ok()) return s;
-  if (h.peer->channels.side_connections() > 0) {
-    engine_.add_joining(h.ack.token, h.peer, h.deadline);
-  } else {
-    h.publish = true;
-  }
+  // Counted from the reply on: the client may use the peer and close it before we publish.
+  engine_.add_joining(h.ack.token, h.peer, h.deadline);
+  h.publish = h.peer->channels.side_connections() == 0;
   return finish_replies(h);
 }
 

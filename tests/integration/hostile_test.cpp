@@ -220,6 +220,27 @@ TEST(Hostile, PeersThatLeaveUnacceptedTakeEverythingWithThem) {
       << open_descriptors() << " descriptors open, " << baseline << " before";
 }
 
+// A client that leaves while its last stream is still joining races the server's admission of
+// it: whichever comes first, the peer must not stay counted, queued or holding descriptors.
+TEST(Hostile, PeersThatLeaveWhileTheirStreamsJoinAreNotKept) {
+  Config c = test_config();
+  c.tcp.streams = 1;
+  Engine server(c);
+  int baseline = open_descriptors();
+  for (uint64_t id = 100; id < 300; ++id) {
+    RawPeer leaving(server, id, kOtherHost, /*await_join_ok=*/false);
+    leaving.stream.reset();
+  }
+  EXPECT_TRUE(eventually([&] { return server.stats().peers == 0; }))
+      << server.stats().peers << " peers still counted";
+  while (auto p = server.accept(std::chrono::milliseconds(0))) {
+    EXPECT_TRUE(eventually([&] { return !p->connected(); })) << "a peer that left is connected";
+  }
+  EXPECT_TRUE(eventually([&] { return open_descriptors() <= baseline; }))
+      << open_descriptors() << " descriptors open, " << baseline << " before";
+  expect_legitimate_peer_served(server);
+}
+
 TEST(Hostile, AnIdentityHeldByALivePeerCannotBeClaimed) {
   Engine server(patient_server());
   Config cc = test_config();

@@ -89,9 +89,11 @@ inline std::vector<uint8_t> tcp_channel_addresses(uint16_t streams = 1) {
 }
 
 // A raw peer admitted by `server` (tcp.streams 1) with its one data stream: what a hostile
-// client holds after a complete handshake.
+// client holds after a complete handshake. Without `await_join_ok` it sends its stream's JOIN
+// and returns at once, so it can leave while the server is still admitting it.
 struct RawPeer {
-  explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1")
+  explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1",
+                   bool await_join_ok = true)
       : control(server, source) {
     control.send(engine::encode(hello_from(id)));
     core::FrameHeader h;
@@ -108,6 +110,7 @@ struct RawPeer {
     join.token = ack.token;
     join.kind = TransportKind::kTcp;
     stream->send(engine::encode(join));
+    if (!await_join_ok) return;
     EXPECT_TRUE(stream->read(h, body).ok());
     EXPECT_EQ(h.type, core::FrameType::kJoinOk);
   }
