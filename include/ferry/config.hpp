@@ -75,6 +75,10 @@ struct Config {
   // and why). Those that cannot be used on this host are skipped (an explicitly named device
   // that fails is an error); at least one must remain.
   std::vector<TransportKind> transports = default_transports();
+  // Whether the FERRY_TRANSPORTS environment variable, when set, replaces `transports` (see
+  // Engine::with_environment). A tool that takes a transport on its command line turns this off
+  // where the user named one.
+  bool transports_from_environment = true;
   // Each transport's own settings (it reads them when it opens and makes channels).
   TcpConfig tcp{};
   VerbsConfig verbs{};

@@ -307,6 +307,13 @@ class FERRY_API Engine {
 
   // Transports compiled in and whether they are usable on this host.
   static std::vector<TransportInfo> transports();
+  // `config` as an engine built from it uses it: the FERRY_TRANSPORTS environment variable, when
+  // set and Config::transports_from_environment allows it, replaces Config::transports with the
+  // transports it names, comma-separated, best first ("shm,tcp"), so that an operator can order
+  // or restrict them without a rebuild. An empty list, an empty or unknown name is an error
+  // (kInvalidArgument) that names the variable.
+  static Config with_environment(const Config& config);
+  static constexpr const char* kTransportsVariable = "FERRY_TRANSPORTS";
   // The routes an engine configured by `config` would take to a peer `reach` away that offers
   // the same transports, with this host's transports as they are now (ferry info).
   static std::vector<RouteInfo> routes(const Config& config, Reach reach);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/crypto.hpp"
@@ -69,6 +70,14 @@ void validate(const Config& c) {
   if (c.transports.empty()) bad("transports is empty");
 }
 
+// What names the environment variable may hold, for its error message.
+std::string known_transport_names() {
+  std::string out;
+  for (const transport::TransportEntry* e : transport::registered_transports())
+    out += (out.empty() ? "" : ", ") + std::string(e->name);
+  return out;
+}
+
 uint64_t nonzero_random() {
   uint64_t v;
   do v = core::random_u64();
@@ -77,8 +86,36 @@ uint64_t nonzero_random() {
 }
 }  // namespace
 
+Config apply_environment(const Config& config) {
+  const char* value = std::getenv(Engine::kTransportsVariable);
+  if (value == nullptr || !config.transports_from_environment) return config;
+  auto bad = [&](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(Engine::kTransportsVariable) + "=\"" +
+                                                 value + "\": " + what +
+                                                 " (known: " + known_transport_names() + ")");
+  };
+  Config out = config;
+  out.transports.clear();
+  std::string_view rest = value;
+  while (true) {
+    std::size_t comma = rest.find(',');
+    std::string_view name = rest.substr(0, comma);
+    if (name.empty()) bad("an empty name");
+    std::optional<TransportKind> kind = transport_named(name);
+    if (!kind) bad("unknown transport '" + std::string(name) + "'");
+    out.transports.push_back(*kind);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
 EngineImpl::EngineImpl(const Config& cfg)
-    : config((validate(cfg), cfg)),
+    : config([&] {
+        Config c = apply_environment(cfg);
+        validate(c);
+        return c;
+      }()),
       id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
       incarnation(nonzero_random()) {
   for (TransportKind kind : config.transports) {

@@ -41,6 +41,9 @@ struct RegionRecord {
   std::atomic<bool> registered{true};
 };
 
+// `config` with the FERRY_TRANSPORTS environment variable applied (Engine::with_environment).
+Config apply_environment(const Config& config);
+
 class EngineImpl final : public transport::Host, public std::enable_shared_from_this<EngineImpl> {
  public:
   explicit EngineImpl(const Config& config);

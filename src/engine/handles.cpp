@@ -133,7 +133,10 @@ std::vector<TransportInfo> Engine::transports() {
   return out;
 }
 
-std::vector<RouteInfo> Engine::routes(const Config& config, Reach reach) {
+Config Engine::with_environment(const Config& config) { return detail::apply_environment(config); }
+
+std::vector<RouteInfo> Engine::routes(const Config& given, Reach reach) {
+  Config config = detail::apply_environment(given);
   std::vector<TransportInfo> here = transports();
   auto unusable_here = [&](TransportKind kind) -> std::string {
     for (const TransportInfo& info : here) {

@@ -239,13 +239,49 @@ TEST(Cli, Info) {
   for (const std::string& part :
        {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
         std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
-        std::string("],\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
+        std::string("],\"configured\":{\"by\":\"default\",\"transports\":[\"verbs\",\"tcp\"]},"
+                    "\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
                     "\"host\",\"remote\":\"host\",\"transport\":\""),
         std::string("\"other host\":[{\"operations\":\"write/read\""),
         std::string("}]},\"interfaces\":[{\"name\":\""),
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
     EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
   }
+}
+
+// FERRY_TRANSPORTS reaches the command: info shows the order it sets, bench follows it unless
+// --transport names one, and a bad value is refused with its name.
+TEST(Cli, TheTransportsVariableOrdersWhatRuns) {
+  std::string text;
+  {
+    ScopedEnv env(Engine::kTransportsVariable, "tcp");
+    ASSERT_EQ(run("info", text), 0) << text;
+    EXPECT_NE(text.find("\nroutes with the transports FERRY_TRANSPORTS names (tcp), to a peer "
+                        "configured alike:\n  peer on this host:\n    write/read      host->host"
+                        "  tcp  tcp: chosen (rank 1)\n"),
+              std::string::npos)
+        << text;
+    std::string json;
+    ASSERT_EQ(run("info --json", json), 0) << json;
+    EXPECT_NE(json.find("\"configured\":{\"by\":\"FERRY_TRANSPORTS\",\"transports\":[\"tcp\"]}"),
+              std::string::npos)
+        << json;
+  }
+  {
+    // Loopback cannot reach the bench's other process; the command line's tcp still runs.
+    ScopedEnv env(Engine::kTransportsVariable, "loopback");
+    std::string refused;
+    EXPECT_NE(run("bench --op write --sizes 4K --iters 2", refused), 0) << refused;
+    std::string out;
+    ASSERT_EQ(run("bench --transport tcp --op write --sizes 4K --iters 2", out), 0) << out;
+    EXPECT_NE(out.find("tcp       write "), std::string::npos) << out;
+  }
+  ScopedEnv env(Engine::kTransportsVariable, "tcp,nope");
+  std::string bad;
+  EXPECT_EQ(run("bench --op write --sizes 4K --iters 2", bad), 1) << bad;
+  EXPECT_NE(bad.find("invalid_argument: FERRY_TRANSPORTS=\"tcp,nope\": unknown transport 'nope'"),
+            std::string::npos)
+      << bad;
 }
 
 // A listening socket nobody should connect to.

@@ -236,5 +236,44 @@ TEST(EngineRoutes, PredictedRoutesFollowReach) {
   EXPECT_EQ(none[0].why, "loopback: cannot reach another process");
 }
 
+// FERRY_TRANSPORTS orders and restricts the transports without a rebuild: engines and the
+// predicted routes take it, a configuration may opt out, and a bad value names itself.
+TEST(EngineRoutes, TheEnvironmentOrdersAndRestrictsTheTransports) {
+  Config c = test_config();
+  c.transports_from_environment = true;
+  {
+    ScopedEnv env(Engine::kTransportsVariable, "loopback,tcp");
+    Engine e(c);
+    EXPECT_EQ(e.config().transports,
+              (std::vector<TransportKind>{loopback::kKind, TransportKind::kTcp}));
+    EXPECT_EQ(Engine::routes(c, Reach::kSameProcess)[0].transport, loopback::kKind);
+    // Two engines so configured talk over loopback, the first one it names.
+    Engine other(c);
+    Peer p = e.connect(other.address());
+    EXPECT_EQ(p.transport(), loopback::kKind);
+    Config own = c;
+    own.transports_from_environment = false;
+    EXPECT_EQ(Engine(own).config().transports, c.transports);
+  }
+  for (const char* bad : {"tcp,nope", "", "tcp,", ",tcp"}) {
+    ScopedEnv env(Engine::kTransportsVariable, bad);
+    try {
+      Engine e(c);
+      ADD_FAILURE() << "FERRY_TRANSPORTS=\"" << bad << "\" was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_TRUE(contains(e.what(), std::string("FERRY_TRANSPORTS=\"") + bad + "\"")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "(known: tcp, verbs, loopback)")) << e.what();
+    }
+    EXPECT_THROW(Engine::routes(c, Reach::kSameHost), Error);
+  }
+  ScopedEnv env(Engine::kTransportsVariable, "tcp,nope");
+  try {
+    Engine e(c);
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "unknown transport 'nope'")) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ferry::test

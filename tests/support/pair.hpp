@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -24,8 +27,33 @@ inline Config test_config() {
   c.connect_timeout = 5s;
   c.busy_poll = 0us;  // sanitizer runs share 2 cores; spinning only slows them down
   c.wait_spin = 0us;
+  // A FERRY_TRANSPORTS set in the shell running the tests changes none of them.
+  c.transports_from_environment = false;
   return c;
 }
+
+// Sets an environment variable for the scope (for the process: tests that use it start no
+// engine in another thread meanwhile).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // Pseudo-random bytes, four at a time (sanitizer builds make byte loops slow).
 inline void fill_pattern(uint8_t* p, std::size_t n, uint32_t seed) {

@@ -197,7 +197,10 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   Config c;
   c.listen_host = listen.host;
   c.listen_port = listen.port;
-  if (o.transport != "auto") c.transports = {*transport_named(o.transport)};  // checked by options
+  if (o.transport != "auto") {
+    c.transports = {*transport_named(o.transport)};  // checked by options
+    c.transports_from_environment = false;           // the command line names it
+  }
   c.secret = o.secret;
   c.progress_threads = o.threads;
   if (o.streams) c.tcp.streams = *o.streams;
@@ -827,6 +830,8 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   std::vector<std::string> args = {
       self, "bench", "--listen", "127.0.0.1:0", "--once", "--threads", std::to_string(o.threads)};
   if (!o.secret.empty()) args.insert(args.end(), {"--secret", o.secret});
+  // Named on the command line, it holds on both ends, whatever FERRY_TRANSPORTS says.
+  if (o.transport != "auto") args.insert(args.end(), {"--transport", o.transport});
   auto pass = [&](const char* flag, const auto& value) {
     if (value) args.insert(args.end(), {flag, std::to_string(*value)});
   };

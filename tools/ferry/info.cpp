@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "ferry/ferry.hpp"
@@ -57,7 +58,15 @@ void print_json(const std::vector<TransportInfo>& transports,
       out += (d ? "," : "") + json_string(t.devices[d]);
     out += "]}";
   }
-  out += "],\"routes\":{";
+  out += "],\"configured\":{\"by\":";
+  out +=
+      json_string(std::getenv(Engine::kTransportsVariable) != nullptr ? Engine::kTransportsVariable
+                                                                      : "default");
+  out += ",\"transports\":[";
+  std::vector<TransportKind> configured = Engine::with_environment(Config{}).transports;
+  for (std::size_t i = 0; i < configured.size(); ++i)
+    out += (i ? "," : "") + json_string(to_string(configured[i]));
+  out += "]},\"routes\":{";
   for (Reach reach : kShownReach) {
     out += std::string(reach == kShownReach[0] ? "" : ",") + json_string(to_string(reach)) + ":" +
            routes_json(Engine::routes(Config{}, reach));
@@ -95,11 +104,15 @@ void print_text(const std::vector<TransportInfo>& transports,
     if (t.kind == TransportKind::kVerbs) rdma_devices = t.devices;
   }
   std::string configured;
-  for (TransportKind kind : Config{}.transports) {
+  for (TransportKind kind : Engine::with_environment(Config{}).transports) {
     configured += (configured.empty() ? "" : ", ") + std::string(to_string(kind));
   }
-  std::cout << "\nroutes with the default transports (" << configured
-            << "), to a peer configured alike:\n";
+  const char* from_environment = std::getenv(Engine::kTransportsVariable);
+  std::cout << "\nroutes with the "
+            << (from_environment
+                    ? std::string("transports ") + Engine::kTransportsVariable + " names"
+                    : std::string("default transports"))
+            << " (" << configured << "), to a peer configured alike:\n";
   for (Reach reach : kShownReach) {
     std::cout << "  peer on " << (reach == Reach::kSameHost ? "this host" : "another host")
               << ":\n";
