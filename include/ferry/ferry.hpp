@@ -288,6 +288,12 @@ class FERRY_API Engine {
   const Config& config() const;
 
   Region register_memory(void* data, std::size_t length, Access access);
+  // A registered region of `length` bytes whose memory the engine allocates and frees once the
+  // region is deregistered: zeroed, page-aligned, and from 2 MiB up in huge pages where the
+  // host has them. It is an anonymous memory file mapped shared, which a same-host transport
+  // can hand to a peer to map. Errors name the failed call (kResourceExhausted when memory
+  // runs out, kInvalidArgument for zero length).
+  Region allocate(std::size_t length, Access access);
 
   Peer connect(std::string_view host_port);
   // The next peer that connected to us, if one arrives within `timeout`. A peer that closed

@@ -237,18 +237,39 @@ class DescriptorKeys final : public transport::KeySink {
 };
 }  // namespace
 
+void EngineImpl::check_registration(const char* call, Access access) const {
+  if (stopping_.load())
+    throw Error(ErrorCode::kCancelled, std::string(call) + ": engine shut down");
+  if (static_cast<uint8_t>(access) > static_cast<uint8_t>(Access::kRemoteReadWrite)) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(call) + ": unknown access flags");
+  }
+}
+
 Region EngineImpl::register_memory(void* data, std::size_t length, Access access) {
-  if (stopping_.load()) throw Error(ErrorCode::kCancelled, "register_memory: engine shut down");
+  check_registration("register_memory", access);
   if (data == nullptr || length == 0) {
     throw Error(ErrorCode::kInvalidArgument, "register_memory: null pointer or zero length");
   }
-  if (static_cast<uint8_t>(access) > static_cast<uint8_t>(Access::kRemoteReadWrite)) {
-    throw Error(ErrorCode::kInvalidArgument, "register_memory: unknown access flags");
-  }
   auto rec = std::make_shared<RegionRecord>();
-  rec->engine = shared_from_this();
   rec->base = static_cast<uint8_t*>(data);
   rec->length = length;
+  return add_region(std::move(rec), access);
+}
+
+Region EngineImpl::allocate(std::size_t length, Access access) {
+  check_registration("allocate", access);
+  auto rec = std::make_shared<RegionRecord>();
+  if (Status s = core::SharedMemory::create(length, rec->owned); !s.ok()) {
+    throw Error(s.code(), "allocate " + std::to_string(length) + " bytes: " + s.message());
+  }
+  rec->base = rec->owned.data();
+  rec->length = length;
+  return add_region(std::move(rec), access);
+}
+
+Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) {
+  uint64_t length = rec->length;
+  rec->engine = shared_from_this();
   rec->access = access;
   rec->key = nonzero_random();
   rec->id = regions_.insert(rec->base, length, access, rec->key);
@@ -257,7 +278,7 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
   d.engine_id = id;
   d.incarnation = incarnation;
   d.region_id = rec->id;
-  d.address = reinterpret_cast<uint64_t>(data);
+  d.address = reinterpret_cast<uint64_t>(rec->base);
   d.length = length;
   d.access = access;
   for (auto& t : transports_) {

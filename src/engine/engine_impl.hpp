@@ -18,6 +18,7 @@
 
 #include "core/net.hpp"
 #include "core/reactor.hpp"
+#include "core/shared_memory.hpp"
 #include "engine/handshake.hpp"
 #include "engine/listener.hpp"
 #include "engine/peer_impl.hpp"
@@ -39,6 +40,8 @@ struct RegionRecord {
   Access access = Access::kLocal;
   Descriptor descriptor;
   std::atomic<bool> registered{true};
+  // Engine::allocate's memory: freed with the record, after the region was deregistered.
+  core::SharedMemory owned;
 };
 
 // `config` with the FERRY_TRANSPORTS environment variable applied (Engine::with_environment).
@@ -57,6 +60,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void deliver_imm(transport::PeerLink& link, uint32_t imm) override;
 
   Region register_memory(void* data, std::size_t length, Access access);
+  Region allocate(std::size_t length, Access access);
   void deregister(RegionRecord& record);
   Peer connect(std::string_view host_port);
   std::optional<Peer> accept(Duration timeout);
@@ -125,6 +129,10 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 
  private:
+  // Refuses registration once shut down, and access flags it does not know.
+  void check_registration(const char* call, Access access) const;
+  // Registers `rec` (its base and length set) with the table and every transport.
+  Region add_region(std::shared_ptr<RegionRecord> rec, Access access);
   // Takes the oldest queued notification (imm_mu_ held).
   ImmEvent pop_imm_locked();
   // Peers and peers still joining (mu_ held).

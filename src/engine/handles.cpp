@@ -117,6 +117,9 @@ const Config& Engine::config() const { return impl_->config; }
 Region Engine::register_memory(void* data, std::size_t length, Access access) {
   return impl_->register_memory(data, length, access);
 }
+Region Engine::allocate(std::size_t length, Access access) {
+  return impl_->allocate(length, access);
+}
 Peer Engine::connect(std::string_view host_port) { return impl_->connect(host_port); }
 std::optional<Peer> Engine::accept(Duration timeout) { return impl_->accept(timeout); }
 std::optional<ImmEvent> Engine::next_imm(Duration timeout) { return impl_->next_imm(timeout); }

@@ -1,0 +1,92 @@
+#include "core/shared_memory.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "core/sys.hpp"
+
+namespace ferry::core {
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+
+// A sealed memory file of `size` bytes mapped shared; `flags` adds to memfd_create's.
+Status map_file(unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
+  fd = Fd(::memfd_create("ferry-region", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags));
+  if (!fd.valid()) return sys_status("memfd_create", errno, ErrorCode::kResourceExhausted);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return sys_status("ftruncate memfd", errno, ErrorCode::kResourceExhausted);
+  }
+  // Its size is fixed: a peer that maps it can never see it shrink under its mapping.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return sys_status("fcntl F_ADD_SEALS");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return sys_status("mmap memfd", errno, ErrorCode::kResourceExhausted);
+  base = static_cast<uint8_t*>(p);
+  return {};
+}
+
+}  // namespace
+
+Status SharedMemory::create(std::size_t length, SharedMemory& out) {
+  if (length == 0) return {ErrorCode::kInvalidArgument, "allocate: zero length"};
+  out.reset();
+  std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (length >= kHugePageBytes) {
+    // Explicit huge pages exist only where the host reserved them; a failure is no error.
+    std::size_t size = round_up(length, kHugePageBytes);
+    if (map_file(MFD_HUGETLB, size, out.fd_, out.base_).ok()) {
+      // Touched now: a reservation that runs short shows here as an error, not as SIGBUS later.
+      if (::madvise(out.base_, size, MADV_POPULATE_WRITE) == 0) {
+        out.mapped_ = size;
+        out.huge_pages_ = true;
+        return {};
+      }
+      ::munmap(out.base_, size);
+      out.base_ = nullptr;
+    }
+  }
+  std::size_t size = round_up(length, page);
+  if (Status s = map_file(0, size, out.fd_, out.base_); !s.ok()) {
+    out.reset();
+    return s;
+  }
+  out.mapped_ = size;
+  // Transparent huge pages for shared memory where the kernel allows them when advised.
+  if (length >= kHugePageBytes) (void)::madvise(out.base_, size, MADV_HUGEPAGE);
+  return {};
+}
+
+SharedMemory::SharedMemory(SharedMemory&& o) noexcept
+    : fd_(std::move(o.fd_)),
+      base_(std::exchange(o.base_, nullptr)),
+      mapped_(std::exchange(o.mapped_, 0)),
+      huge_pages_(std::exchange(o.huge_pages_, false)) {}
+
+SharedMemory& SharedMemory::operator=(SharedMemory&& o) noexcept {
+  if (this != &o) {
+    reset();
+    fd_ = std::move(o.fd_);
+    base_ = std::exchange(o.base_, nullptr);
+    mapped_ = std::exchange(o.mapped_, 0);
+    huge_pages_ = std::exchange(o.huge_pages_, false);
+  }
+  return *this;
+}
+
+SharedMemory::~SharedMemory() { reset(); }
+
+void SharedMemory::reset() {
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+  base_ = nullptr;
+  mapped_ = 0;
+  huge_pages_ = false;
+  fd_ = Fd();
+}
+
+}  // namespace ferry::core

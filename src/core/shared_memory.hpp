@@ -1,0 +1,47 @@
+// Memory the engine allocates for a region (Engine::allocate): an anonymous memory file
+// (memfd), sealed at its size and mapped shared, so that a same-host transport can hand its
+// descriptor to a peer that maps the same pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/net.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::core {
+
+// Huge pages are asked for from this size up: below it a 2 MiB page would mostly hold padding.
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+class SharedMemory {
+ public:
+  // `length` bytes (> 0), zeroed. From kHugePageBytes up, in huge pages: explicit ones
+  // (hugetlbfs) where the host reserved some, else transparent ones where the kernel allows them
+  // for shared memory (advised); plain pages otherwise. Errors name the failed call.
+  static Status create(std::size_t length, SharedMemory& out);
+
+  SharedMemory() = default;
+  SharedMemory(SharedMemory&& o) noexcept;
+  SharedMemory& operator=(SharedMemory&& o) noexcept;
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+  ~SharedMemory();
+
+  uint8_t* data() const { return base_; }
+  // The memory file: what a peer maps (same size, same pages).
+  int fd() const { return fd_.get(); }
+  // The whole mapping, a multiple of its page size.
+  std::size_t mapped() const { return mapped_; }
+  // Backed by explicit huge pages (hugetlbfs).
+  bool huge_pages() const { return huge_pages_; }
+
+ private:
+  void reset();
+  Fd fd_;
+  uint8_t* base_ = nullptr;
+  std::size_t mapped_ = 0;
+  bool huge_pages_ = false;
+};
+
+}  // namespace ferry::core
