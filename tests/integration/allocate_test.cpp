@@ -1,6 +1,5 @@
 // Engine::allocate: regions whose memory the engine owns (a sealed memory file mapped shared),
 // moved over by peers like any region and freed with their region.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -17,15 +16,6 @@ int ferry_memory_files() {
   int n = 0;
   for (std::string line; std::getline(maps, line);)
     n += line.find("/memfd:ferry-region") != std::string::npos;
-  return n;
-}
-
-int open_descriptors() {
-  int n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (::readdir(dir) != nullptr) ++n;
-  ::closedir(dir);
   return n;
 }
 

@@ -2,7 +2,6 @@
 // through authentication, flood, claim another engine's identity, or come and go without ever
 // being accepted. Each test checks that a well-behaved peer beside them still connects and
 // transfers, and that what the engine holds stays within its configured limits.
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -194,15 +193,6 @@ TEST(Hostile, MaxPeersIsEnforcedAndFreedByLeavingPeers) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kResourceExhausted) << e.what();
   }
-}
-
-int open_descriptors() {
-  int n = 0;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (::readdir(dir) != nullptr) ++n;
-  ::closedir(dir);
-  return n;
 }
 
 TEST(Hostile, PeersThatLeaveUnacceptedTakeEverythingWithThem) {

@@ -1,6 +1,7 @@
 // Two engines in one process connected over loopback, with registered buffers on each side.
 #pragma once
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +31,16 @@ inline Config test_config() {
   // A FERRY_TRANSPORTS set in the shell running the tests changes none of them.
   c.transports_from_environment = false;
   return c;
+}
+
+// File descriptors this process holds now.
+inline int open_descriptors() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (::readdir(dir) != nullptr) ++n;
+  ::closedir(dir);
+  return n;
 }
 
 // Sets an environment variable for the scope (for the process: tests that use it start no
