@@ -4,8 +4,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <utility>
-
 #include "core/sys.hpp"
 
 namespace ferry::core {
@@ -34,7 +32,7 @@ Status map_file(unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
 }  // namespace
 
 Status SharedMemory::create(std::size_t length, SharedMemory& out) {
-  if (length == 0) return {ErrorCode::kInvalidArgument, "allocate: zero length"};
+  if (length == 0) return {ErrorCode::kInvalidArgument, "zero length"};
   out.reset();
   std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   if (length >= kHugePageBytes) {
@@ -44,7 +42,6 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
       // Touched now: a reservation that runs short shows here as an error, not as SIGBUS later.
       if (::madvise(out.base_, size, MADV_POPULATE_WRITE) == 0) {
         out.mapped_ = size;
-        out.huge_pages_ = true;
         return {};
       }
       ::munmap(out.base_, size);
@@ -62,30 +59,12 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
   return {};
 }
 
-SharedMemory::SharedMemory(SharedMemory&& o) noexcept
-    : fd_(std::move(o.fd_)),
-      base_(std::exchange(o.base_, nullptr)),
-      mapped_(std::exchange(o.mapped_, 0)),
-      huge_pages_(std::exchange(o.huge_pages_, false)) {}
-
-SharedMemory& SharedMemory::operator=(SharedMemory&& o) noexcept {
-  if (this != &o) {
-    reset();
-    fd_ = std::move(o.fd_);
-    base_ = std::exchange(o.base_, nullptr);
-    mapped_ = std::exchange(o.mapped_, 0);
-    huge_pages_ = std::exchange(o.huge_pages_, false);
-  }
-  return *this;
-}
-
 SharedMemory::~SharedMemory() { reset(); }
 
 void SharedMemory::reset() {
   if (base_ != nullptr) ::munmap(base_, mapped_);
   base_ = nullptr;
   mapped_ = 0;
-  huge_pages_ = false;
   fd_ = Fd();
 }
 

@@ -22,8 +22,7 @@ class SharedMemory {
   static Status create(std::size_t length, SharedMemory& out);
 
   SharedMemory() = default;
-  SharedMemory(SharedMemory&& o) noexcept;
-  SharedMemory& operator=(SharedMemory&& o) noexcept;
+  // Held in place by its region's record: never moved or copied.
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;
   ~SharedMemory();
@@ -31,17 +30,12 @@ class SharedMemory {
   uint8_t* data() const { return base_; }
   // The memory file: what a peer maps (same size, same pages).
   int fd() const { return fd_.get(); }
-  // The whole mapping, a multiple of its page size.
-  std::size_t mapped() const { return mapped_; }
-  // Backed by explicit huge pages (hugetlbfs).
-  bool huge_pages() const { return huge_pages_; }
 
  private:
   void reset();
   Fd fd_;
   uint8_t* base_ = nullptr;
-  std::size_t mapped_ = 0;
-  bool huge_pages_ = false;
+  std::size_t mapped_ = 0;  // the whole mapping, a multiple of its page size
 };
 
 }  // namespace ferry::core
