@@ -98,12 +98,6 @@ struct PeerImpl::Control final : core::Reactor::Handler {
     }
   }
 
-  // On the loop thread, as is stop().
-  void start() {
-    if (stopped || !core::set_nonblocking(fd.get(), true).ok()) return;
-    (void)reactor->add(loop, fd.get(), EPOLLIN | EPOLLRDHUP, this);
-  }
-
   // On the loop thread.
   void stop(const std::shared_ptr<Control>& self) {
     if (stopped) return;
@@ -126,7 +120,6 @@ PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remo
       control_(std::make_shared<Control>()) {
   control_->fd = std::move(control);
   control_->reactor = &engine->reactor();
-  control_->loop = engine->reactor().pick_loop();  // known before start: close() may come first
   control_->heard();
 }
 
@@ -143,10 +136,11 @@ std::shared_ptr<PeerImpl> PeerImpl::create(std::shared_ptr<EngineImpl> eng,
 
 void PeerImpl::start_control() {
   control_->peer = weak_from_this();
-  // Watched from the loop's thread, in turn with stop(): a peer closed before this runs is never
-  // watched, where a stopped handler left in epoll would spin on the hang-up.
-  std::shared_ptr<Control> control = control_;
-  engine->reactor().post(control->loop, [control] { control->start(); });
+  control_->loop = engine->reactor().pick_loop();
+  if (core::set_nonblocking(control_->fd.get(), true).ok()) {
+    (void)engine->reactor().add(control_->loop, control_->fd.get(), EPOLLIN | EPOLLRDHUP,
+                                control_.get());
+  }
 }
 
 bool PeerImpl::control_alive() const {
