@@ -58,6 +58,16 @@ struct VerbsConfig {
   bool zero_copy_receives = false;
 };
 
+// The same-host transport's settings (Config::shm).
+struct ShmConfig {
+  // Copy between two processes of this host with cross-memory attach (process_vm_readv), one
+  // copy from the source's memory to the destination's. Off: same-host peers use the next
+  // transport. Where it works the two processes could already read each other's memory (the
+  // kernel's ptrace check), so Ferry's region checks guard against mistakes and stale
+  // descriptors, not against a hostile process of the same user.
+  bool cross_memory = true;
+};
+
 struct Config {
   // Accept connecting peers. An engine that only initiates can set false: it opens no port
   // (address() is then empty), and each peer it connects to still uses its connection both
@@ -82,6 +92,7 @@ struct Config {
   // Each transport's own settings (it reads them when it opens and makes channels).
   TcpConfig tcp{};
   VerbsConfig verbs{};
+  ShmConfig shm{};
   // Threads that drive sockets and completions.
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).

@@ -388,9 +388,19 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
     peer->open_channels.fetch_add(1);
     peer->channels.add(std::move(channel));
   }
-  peer->routes = engine::plan_routes(config, kinds, peer->reach,
-                                     [this](TransportKind k) { return unusable_reason(k); });
+  plan_routes(*peer);
   return {};
+}
+
+void EngineImpl::plan_routes(PeerImpl& peer) const {
+  std::vector<TransportKind> kinds;
+  for (const auto& c : peer.channels.all()) kinds.push_back(c->kind());
+  peer.routes = engine::plan_routes(config, kinds, peer.reach, [&](TransportKind kind) {
+    if (const transport::Channel* c = peer.channels.find(kind)) {
+      if (std::string why = c->unusable(); !why.empty()) return why;
+    }
+    return unusable_reason(kind);
+  });
 }
 
 std::vector<uint8_t> EngineImpl::channel_addresses(const PeerImpl& peer) {
@@ -549,6 +559,7 @@ void EngineImpl::attach_side(const std::shared_ptr<PeerImpl>& peer, const engine
 void EngineImpl::publish(const std::shared_ptr<PeerImpl>& peer) {
   // Started before anyone can see the peer: accept() may close it at once. (shutdown() waits
   // for this thread before it collects the peers, so none is missed in between.)
+  plan_routes(*peer);  // now that every channel is set up and knows whether it can carry
   peer->start_control();
   {
     // It leaves joining_ and enters peers_ in one step, so it is counted all along; a peer
@@ -642,6 +653,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
       }
     }
   }
+  plan_routes(*peer);  // now that every channel is set up and knows whether it can carry
   peer->start_control();
   bool registered = false;
   {

@@ -82,6 +82,9 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // peer per kind in `kinds` and decides the peer's routes; an error refuses the peer.
   Status make_channels(const std::shared_ptr<PeerImpl>& peer, std::span<const TransportKind> kinds,
                        bool dialer);
+  // Decides the peer's routes from its channels: again once they are all set up, before the
+  // peer is used (a channel may then say it cannot carry operations).
+  void plan_routes(PeerImpl& peer) const;
   // The CHANNEL_ADDRESSES frame of the peer's channels.
   static std::vector<uint8_t> channel_addresses(const PeerImpl& peer);
   // Connects each of the peer's channels to its address in `body` (CHANNEL_ADDRESSES).

@@ -123,6 +123,11 @@ class Channel {
                                       std::string(to_string(kind())) + ", which takes none"};
   }
 
+  // Why this channel, although connected, cannot carry operations (a same-host channel whose
+  // two processes may not read each other's memory), or "" when it can. Known once its side
+  // connections are attached; routing then leaves it out and says why (Peer::routes).
+  virtual std::string unusable() const { return {}; }
+
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;
   // Devices the channel stripes over (multi-rail), each opening a region with its own key: the

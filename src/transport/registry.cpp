@@ -33,8 +33,6 @@ namespace ferry {
 std::string_view to_string(TransportKind kind) noexcept {
   if (const transport::TransportEntry* entry = transport::find_transport(kind)) return entry->name;
   switch (kind) {  // kinds reserved for transports not built into this version
-    case TransportKind::kShm:
-      return "shm";
     case TransportKind::kCudaIpc:
       return "cuda_ipc";
     default:
@@ -46,7 +44,7 @@ std::optional<TransportKind> transport_named(std::string_view name) noexcept {
   for (const transport::TransportEntry* e : transport::registered_transports()) {
     if (e->name == name) return e->kind;
   }
-  for (TransportKind reserved : {TransportKind::kShm, TransportKind::kCudaIpc}) {
+  for (TransportKind reserved : {TransportKind::kCudaIpc}) {
     if (to_string(reserved) == name) return reserved;
   }
   return std::nullopt;

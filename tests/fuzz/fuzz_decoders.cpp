@@ -1,8 +1,8 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
 // frame headers, group frames' entry tables, handshake bodies (channel addresses included),
-// verbs queue-pair addresses and message headers, and descriptors (binary, text). The first
-// input byte picks the decoder. Decoders must reject bad input with an error, never crash or
-// over-read.
+// verbs queue-pair addresses and message headers, shm channel addresses and records, and
+// descriptors (binary, text). The first input byte picks the decoder. Decoders must reject bad
+// input with an error, never crash or over-read.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/shm/shm_wire.hpp"
 #include "transport/tcp/tcp_frame.hpp"
 #include "transport/verbs/verbs_channel.hpp"
 #include "transport/verbs/verbs_message.hpp"
@@ -22,7 +23,7 @@ namespace tcp = ferry::transport::tcp;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 12) {
+  switch (data[0] % 14) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -116,6 +117,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
         if (!std::equal(again.begin() + ferry::core::kFrameHeaderSize, again.end(), body.begin(),
                         body.end()))
           __builtin_trap();
+      }
+      break;
+    }
+    case 12: {
+      ferry::transport::shm::Address a;
+      if (ferry::transport::shm::decode(body, a).ok()) {
+        if (ferry::transport::shm::encode(a) != std::vector<uint8_t>(body.begin(), body.end()))
+          __builtin_trap();
+      }
+      break;
+    }
+    case 13: {
+      // A record as it came off the socket: what parses must lie inside it, entries included.
+      ferry::transport::shm::View v;
+      if (ferry::transport::shm::parse(body, v).ok()) {
+        if (v.table.size() + v.payload.size() + ferry::transport::shm::kHeaderBytes != body.size())
+          __builtin_trap();
+        for (std::size_t i = 0; i < v.table.size() / ferry::transport::shm::kEntryBytes; ++i)
+          (void)v.entry(i);
       }
       break;
     }

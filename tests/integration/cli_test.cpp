@@ -176,7 +176,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --op ''", 2, "--op: '' names no operation (use write, read"},
       {"bench --op write,,read", 2, "--op: 'write,,read' has an empty operation"},
       {"bench --op teleport", 2, "--op: unknown operation 'teleport'"},
-      {"bench --transport pigeon", 2, "--transport: 'pigeon' is not one of auto, tcp, verbs"},
+      {"bench --transport pigeon", 2, "--transport: 'pigeon' is not one of auto, tcp, shm, verbs"},
       // Addresses.
       {"bench --listen ''", 2, "--listen: '' is not an address"},
       {"bench --listen 127.0.0.1", 2, "--listen: '127.0.0.1' has no port"},

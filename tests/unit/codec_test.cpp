@@ -518,7 +518,8 @@ TEST(Descriptor, KeepsTheKeyOfATransportThisBuildLacks) {
   EXPECT_EQ(back.encode(), d.encode());
   EXPECT_EQ(to_string(newer), "unknown");
   EXPECT_EQ(to_string(TransportKind::kTcp), "tcp");
-  EXPECT_EQ(to_string(TransportKind::kShm), "shm");  // reserved, not built in
+  EXPECT_EQ(to_string(TransportKind::kShm), "shm");
+  EXPECT_EQ(to_string(TransportKind::kCudaIpc), "cuda_ipc");  // reserved, not built in
 }
 
 }  // namespace

@@ -1,0 +1,834 @@
+#include "transport/shm/shm_channel.hpp"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+
+#include "core/crypto.hpp"
+#include "core/sys.hpp"
+
+namespace ferry::transport::shm {
+
+namespace {
+
+// Connections the listener's socket queues: the dialer's, plus room for strangers who read the
+// name in /proc/net/unix and connected first (refused by their pid, never served).
+constexpr int kBacklog = 4;
+// The socket's send buffer: several records in flight each way. The kernel caps it at
+// net.core.wmem_max (208 KiB by default), which holds kRequestsInFlight small requests.
+constexpr int kSocketBufferBytes = 1 << 20;
+constexpr std::size_t kHelloBytes = sizeof(Nonce) + 1;
+
+socklen_t abstract_address(const Nonce& name, sockaddr_un& out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::memset(&out, 0, sizeof out);
+  out.sun_family = AF_UNIX;
+  std::string path = "ferry-shm-";
+  for (uint8_t b : name) {
+    path += kHex[b >> 4];
+    path += kHex[b & 15];
+  }
+  std::memcpy(out.sun_path + 1, path.data(), path.size());  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
+}
+
+// An address in the peer's process, for process_vm_readv's remote iovec: never dereferenced
+// here (the kernel reads it in the peer's address space).
+void* peer_address(uint64_t address) {
+  return reinterpret_cast<void*>(address);  // NOLINT(performance-no-int-to-ptr)
+}
+
+// Compares secrets in time independent of where they differ.
+bool same_bytes(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  if (a.size() != b.size()) return false;
+  uint8_t diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+bool overlaps(const uint8_t* a, uint64_t a_len, const uint8_t* b, uint64_t b_len) {
+  return a < b + b_len && b < a + a_len;
+}
+
+}  // namespace
+
+bool cross_memory_allowed(std::string& why) {
+  // Reading one byte of our own memory passes every check but seccomp's and the kernel's.
+  uint8_t from = 1, to = 0;
+  iovec local{&to, 1}, remote{&from, 1};
+  if (::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) == 1 && to == 1) return true;
+  why = core::sys_status("process_vm_readv").message();
+  return false;
+}
+
+ShmChannel::ShmChannel(ChannelArgs args, bool cross_memory)
+    : host_(args.host),
+      link_(std::move(args.link)),
+      on_closed_(std::move(args.on_closed)),
+      dialer_(args.dialer),
+      cross_memory_allowed_(cross_memory),
+      loop_(args.host.reactor().pick_loop()),
+      answers_(2 * kRequestsInFlight) {}
+
+ShmChannel::~ShmChannel() = default;
+
+Status ShmChannel::create(ChannelArgs args, bool cross_memory, std::shared_ptr<ShmChannel>& out) {
+  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args), cross_memory));
+  core::random_bytes(channel->probe_);
+  if (!channel->dialer_) {
+    if (Status s = channel->listen(); !s.ok()) return s;
+  }
+  out = std::move(channel);
+  return {};
+}
+
+std::size_t ShmChannel::worst_case_bytes() {
+  // The receive buffer, the request being sent, every queued answer at its largest, a pull's
+  // iovecs and region uses, an inline answer's scratch and the grants.
+  return sizeof(ShmChannel) + 3 * kMaxRecordBytes + 2 * kRequestsInFlight * kMaxRecordBytes +
+         kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Grant);
+}
+
+Status ShmChannel::listen() {
+  core::random_bytes(socket_name_);
+  core::random_bytes(token_);
+  core::Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return core::sys_status("socket(AF_UNIX, SOCK_SEQPACKET)");
+  sockaddr_un addr;
+  socklen_t len = abstract_address(socket_name_, addr);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+    return core::sys_status("bind (abstract Unix socket)");
+  }
+  if (::listen(fd.get(), kBacklog) != 0) return core::sys_status("listen (Unix socket)");
+  listener_ = std::move(fd);
+  return {};
+}
+
+std::vector<uint8_t> ShmChannel::local_address() const {
+  Address a;
+  a.pid = static_cast<uint32_t>(::getpid());
+  a.cross_memory = cross_memory_allowed_;
+  a.reads_peer = reads_peer_;
+  a.socket = socket_name_;
+  a.token = token_;
+  a.probe_address = reinterpret_cast<uint64_t>(probe_.data());
+  a.probe = probe_;
+  return encode(a);
+}
+
+bool ShmChannel::probe_peer(const Address& peer) const {
+  Nonce seen{};
+  iovec local{seen.data(), seen.size()};
+  iovec remote{peer_address(peer.probe_address), peer.probe.size()};
+  ssize_t n = ::process_vm_readv(static_cast<pid_t>(peer.pid), &local, 1, &remote, 1, 0);
+  return n == static_cast<ssize_t>(seen.size()) && same_bytes(seen, peer.probe);
+}
+
+Status ShmChannel::check_peer_credentials(int fd) const {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return core::sys_status("getsockopt SO_PEERCRED");
+  }
+  if (cred.pid != peer_pid_) {
+    return {ErrorCode::kAuthFailed, "shm: the socket's peer is process " +
+                                        std::to_string(cred.pid) + ", not the peer's process " +
+                                        std::to_string(peer_pid_)};
+  }
+  return {};
+}
+
+Status ShmChannel::connect(std::span<const uint8_t> remote) {
+  Address a;
+  if (Status s = decode(remote, a); !s.ok()) return s;
+  peer_pid_ = static_cast<pid_t>(a.pid);
+  peer_allows_ = a.cross_memory;
+  reads_peer_ = cross_memory_allowed_ && a.cross_memory && probe_peer(a);
+  if (!dialer_) return {};  // the dialer connects to our socket, checked in attach_side
+  peer_reads_ = a.reads_peer;
+  core::Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return core::sys_status("socket(AF_UNIX, SOCK_SEQPACKET)");
+  sockaddr_un addr;
+  socklen_t len = abstract_address(a.socket, addr);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), len) != 0) {
+    return core::sys_status("connect (the peer's shm socket)", errno, ErrorCode::kConnectFailed);
+  }
+  if (Status s = check_peer_credentials(fd.get()); !s.ok()) return s;
+  int buffer = kSocketBufferBytes;
+  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  uint8_t hello[kHeaderBytes + kHelloBytes];
+  Header h;
+  h.type = Record::kHello;
+  h.payload = kHelloBytes;
+  put_header(h, hello);
+  std::memcpy(hello + kHeaderBytes, a.token.data(), a.token.size());
+  hello[sizeof hello - 1] = reads_peer_ ? 1 : 0;
+  if (::send(fd.get(), hello, sizeof hello, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof hello)) {
+    return core::sys_status("send (shm hello)", errno, ErrorCode::kConnectFailed);
+  }
+  fd_ = std::move(fd);
+  return {};
+}
+
+Status ShmChannel::attach_side(int index, core::Fd barrier) {
+  if (index != 0) {
+    return {ErrorCode::kProtocol, "join: shm side connection " + std::to_string(index)};
+  }
+  barrier.reset();  // it only held the peer back until the socket was ours
+  if (!dialer_) {
+    // The dialer connected and said hello before it opened the barrier connection: both are
+    // queued here already.
+    for (int tries = 0; !fd_.valid(); ++tries) {
+      core::Fd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!conn.valid()) {
+        if (errno == EAGAIN || tries > 0) {
+          return {ErrorCode::kProtocol, "shm: the peer opened no valid socket connection"};
+        }
+        return core::sys_status("accept4 (shm socket)");
+      }
+      if (!check_peer_credentials(conn.get()).ok()) continue;  // a stranger: refused
+      uint8_t hello[kHeaderBytes + kHelloBytes + 1];
+      ssize_t n = ::recv(conn.get(), hello, sizeof hello, MSG_DONTWAIT);
+      View v;
+      if (n != static_cast<ssize_t>(kHeaderBytes + kHelloBytes) ||
+          !parse({hello, static_cast<std::size_t>(n)}, v).ok() || v.header.type != Record::kHello ||
+          !same_bytes(v.payload.first(token_.size()), token_)) {
+        return {ErrorCode::kProtocol, "shm: the peer's socket did not present the session token"};
+      }
+      peer_reads_ = v.payload[token_.size()] != 0;
+      fd_ = std::move(conn);
+    }
+    listener_.reset();
+  }
+  if (!fd_.valid()) return {ErrorCode::kProtocol, "shm: side connection before the address"};
+  if (!cross_memory_allowed_) {
+    unusable_ = "cross-memory attach is off in this engine's configuration (Config::shm)";
+  } else if (!peer_allows_) {
+    unusable_ = "the peer's configuration turns cross-memory attach off";
+  } else if (!reads_peer_) {
+    unusable_ = "process_vm_readv of the peer (process " + std::to_string(peer_pid_) +
+                ") is refused here (kernel.yama.ptrace_scope, another user, or seccomp)";
+  } else if (!peer_reads_) {
+    unusable_ = "the peer (process " + std::to_string(peer_pid_) +
+                ") may not read this process with process_vm_readv";
+  }
+  return start();
+}
+
+std::string ShmChannel::unusable() const { return unusable_; }
+
+Status ShmChannel::start() {
+  in_.resize(kMaxRecordBytes);
+  out_.resize(kMaxRecordBytes);
+  local_iov_.reserve(kMaxEntries);
+  remote_iov_.reserve(kMaxEntries);
+  uses_.reserve(kMaxEntries);
+  grants_.reserve(kRequestsInFlight);
+  int buffer = kSocketBufferBytes;
+  (void)::setsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  std::lock_guard lock(close_mu_);
+  if (closing_.load()) return {ErrorCode::kPeerLost, "shm: connection already closed"};
+  keep_alive_ = shared_from_this();
+  if (Status s = host_.reactor().add(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP, this); !s.ok()) {
+    keep_alive_.reset();
+    return s;
+  }
+  started_ = true;
+  return {};
+}
+
+// ---------------------------------------------------------------- send side
+
+PostResult ShmChannel::post(OpState* op) {
+  Status failed;
+  bool queued = false;
+  {
+    std::lock_guard lock(send_mu_);
+    if (send_closed_) return PostResult::kAccepted;  // the close path fails the op
+    op->lane_next[0] = nullptr;
+    if (queue_tail_ != nullptr) {
+      queue_tail_->lane_next[0] = op;
+    } else {
+      queue_head_ = op;
+    }
+    queue_tail_ = op;
+    failed = pump_locked();
+    queued = queue_head_ != nullptr;
+  }
+  if (!failed.ok()) close(failed);
+  return queued ? PostResult::kQueued : PostResult::kAccepted;
+}
+
+Status ShmChannel::send_locked(std::span<const uint8_t> record, bool& full) {
+  ssize_t n = ::send(fd_.get(), record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n == static_cast<ssize_t>(record.size())) return {};
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    full = true;
+    return {};
+  }
+  if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+    return {ErrorCode::kPeerLost, "shm: the peer closed its socket"};
+  }
+  return core::sys_status("send (shm record)");
+}
+
+Status ShmChannel::pump_locked() {
+  if (send_closed_) return {};
+  for (;;) {
+    bool full = false;
+    while (answer_count_ > 0) {
+      if (Status s = send_locked(answers_[answer_head_], full); !s.ok()) return s;
+      if (full) {
+        arm_locked(true);
+        return {};
+      }
+      answer_head_ = (answer_head_ + 1) % answers_.size();
+      --answer_count_;
+    }
+    if (!request_pending_) {
+      if (queue_head_ == nullptr || credits_ == 0) break;
+      encode_request_locked(queue_head_);
+      request_pending_ = true;
+      --credits_;
+    }
+    if (Status s = send_locked({out_.data(), out_length_}, full); !s.ok()) return s;
+    if (full) {
+      arm_locked(true);
+      return {};
+    }
+    request_pending_ = false;
+  }
+  arm_locked(false);
+  return {};
+}
+
+void ShmChannel::arm_locked(bool out) {
+  if (out == want_out_ || !started_) return;
+  want_out_ = out;
+  (void)host_.reactor().modify(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u),
+                               this);
+}
+
+void ShmChannel::encode_request_locked(OpState* op) {
+  Header h;
+  h.op_id = op->id.load(std::memory_order_relaxed);
+  uint8_t* table = out_.data() + kHeaderBytes;
+  bool last = true;  // the op's last record: it leaves the queue
+  if (op->kind == OpKind::kSend) {
+    const OpEntry& e = op->entries[0];
+    h.type = Record::kSend;
+    h.tag = op->tag;
+    h.count = 1;
+    Entry x;
+    x.length = e.length;
+    x.address = reinterpret_cast<uint64_t>(e.local);
+    put_entry(x, table);
+    if (e.length <= kInlineBytes) {
+      h.flags = kFlagInline;
+      h.payload = static_cast<uint32_t>(e.length);
+      if (e.length > 0) std::memcpy(table + kEntryBytes, e.local, e.length);
+    }
+  } else {
+    bool write = op->kind == OpKind::kWrite;
+    h.type = write ? Record::kWrite : Record::kRead;
+    LaneCursor& c = op->lanes[0];
+    auto slice_length = [&](const LaneCursor& at) {
+      const OpEntry& e = op->entries[at.entry];
+      return std::min<uint64_t>(e.length - at.offset, op->slice_bytes);
+    };
+    // Small slices travel inline, as many as fit; larger ones are pulled, a write's several
+    // per record up to a slice's bytes, a read's one per grant.
+    bool inline_bytes = slice_length(c) <= kInlineBytes;
+    uint64_t bytes = 0;
+    uint32_t count = 0;
+    uint8_t* payload = table + kMaxEntries * kEntryBytes;  // moved behind the table below
+    while (c.remaining > 0 && count < kMaxEntries) {
+      uint64_t length = slice_length(c);
+      if (count > 0) {
+        if (inline_bytes ? bytes + length > kInlineBytes
+                         : !write || length <= kInlineBytes || bytes + length > op->slice_bytes) {
+          break;
+        }
+      }
+      const OpEntry& e = op->entries[c.entry];
+      Entry x;
+      x.index = c.entry;
+      x.region = e.remote_region;
+      x.key = e.remote_key;
+      x.offset = e.remote_offset + c.offset;
+      x.entry_offset = c.offset;
+      x.length = length;
+      x.address = reinterpret_cast<uint64_t>(e.local + c.offset);
+      put_entry(x, table + std::size_t{count} * kEntryBytes);
+      if (inline_bytes && write && length > 0)
+        std::memcpy(payload + bytes, e.local + c.offset, length);
+      bytes += length;
+      ++count;
+      advance(*op, c, 1);
+      --c.remaining;
+    }
+    h.count = count;
+    if (inline_bytes) h.flags = kFlagInline;
+    if (inline_bytes && write) {
+      h.payload = static_cast<uint32_t>(bytes);
+      std::memmove(table + std::size_t{count} * kEntryBytes, payload, bytes);
+    }
+    last = c.remaining == 0;
+    if (last && write && op->with_imm) {
+      h.flags |= kFlagImm;
+      h.imm = op->imm;
+    }
+  }
+  put_header(h, out_.data());
+  out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload;
+  if (last) {
+    queue_head_ = op->lane_next[0];
+    if (queue_head_ == nullptr) queue_tail_ = nullptr;
+  }
+}
+
+Status ShmChannel::respond(const Header& h, std::span<const uint8_t> table,
+                           std::span<const uint8_t> payload) {
+  std::lock_guard lock(send_mu_);
+  if (send_closed_) return {};
+  if (answer_count_ == answers_.size()) {
+    return {ErrorCode::kResourceExhausted, "shm: the peer asks faster than it reads the answers (" +
+                                               std::to_string(answer_count_) + " queued)"};
+  }
+  std::vector<uint8_t>& slot = answers_[(answer_head_ + answer_count_) % answers_.size()];
+  slot.resize(kHeaderBytes + table.size() + payload.size());
+  put_header(h, slot.data());
+  if (!table.empty()) std::memcpy(slot.data() + kHeaderBytes, table.data(), table.size());
+  if (!payload.empty()) {
+    std::memcpy(slot.data() + kHeaderBytes + table.size(), payload.data(), payload.size());
+  }
+  ++answer_count_;
+  return pump_locked();
+}
+
+Status ShmChannel::respond_status(Record type, uint64_t op_id, uint32_t count,
+                                  const Status& status) {
+  Header h;
+  h.type = type;
+  h.op_id = op_id;
+  h.count = count;
+  h.status = static_cast<uint16_t>(status.code());
+  std::string_view text = status.ok() ? std::string_view() : status.message();
+  text = text.substr(0, kMaxTextBytes);
+  h.payload = static_cast<uint32_t>(text.size());
+  return respond(h, {}, {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+
+// ---------------------------------------------------------------- receive side
+
+void ShmChannel::on_event(uint32_t events) {
+  if (stopped_) return;
+  Status s;
+  if (events & EPOLLOUT) {
+    std::lock_guard lock(send_mu_);
+    s = pump_locked();
+  }
+  // Records queued before a hang-up are still read: the peer's last answers complete ops.
+  if (s.ok() && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) s = receive();
+  if (!s.ok()) close(s);
+}
+
+Status ShmChannel::receive() {
+  std::size_t pulled = 0;
+  for (int i = 0; i < kRecordsPerWake && pulled < kPullBytesPerWake; ++i) {
+    ssize_t n = ::recv(fd_.get(), in_.data(), in_.size(), MSG_DONTWAIT | MSG_TRUNC);
+    if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+      if (errno == ECONNRESET) return {ErrorCode::kPeerLost, "shm: the peer reset the connection"};
+      return core::sys_status("recv (shm record)");
+    }
+    if (static_cast<std::size_t>(n) > in_.size()) {
+      return {ErrorCode::kProtocol, "shm record: " + std::to_string(n) + " bytes, more than " +
+                                        std::to_string(in_.size())};
+    }
+    View v;
+    if (Status s = parse({in_.data(), static_cast<std::size_t>(n)}, v); !s.ok()) return s;
+    if (Status s = handle(v, pulled); !s.ok()) return s;
+  }
+  return {};  // more to read: epoll reports the socket again, after the loop's other events
+}
+
+Status ShmChannel::handle(const View& r, std::size_t& pulled) {
+  switch (r.header.type) {
+    case Record::kWrite:
+      return on_write(r, pulled);
+    case Record::kRead:
+      return on_read(r);
+    case Record::kSend:
+      return on_send(r, pulled);
+    case Record::kRelease:
+      return on_release(r);
+    case Record::kAck:
+    case Record::kReadData:
+    case Record::kGrant:
+    case Record::kSendAck:
+      return on_answer(r);
+    case Record::kHello:
+      break;
+  }
+  return {ErrorCode::kProtocol, "shm record: hello after set-up"};
+}
+
+Status ShmChannel::pull(const iovec* local, const iovec* remote, std::size_t n,
+                        uint64_t total) const {
+  ssize_t got = ::process_vm_readv(peer_pid_, local, n, remote, n, 0);
+  if (got == static_cast<ssize_t>(total)) return {};
+  if (got < 0) {
+    return core::sys_status("process_vm_readv", errno,
+                            errno == ESRCH ? ErrorCode::kPeerLost : ErrorCode::kSystem);
+  }
+  // The kernel stops at the first piece it cannot read whole.
+  return {ErrorCode::kSystem, "process_vm_readv: " + std::to_string(got) + " of " +
+                                  std::to_string(total) +
+                                  " bytes (the peer named memory it does not have)"};
+}
+
+Status ShmChannel::on_write(const View& r, std::size_t& pulled) {
+  const Header& h = r.header;
+  if (h.op_id != imm_op_) {  // an op's records arrive one after the other
+    imm_op_ = h.op_id;
+    imm_op_failed_ = false;
+  }
+  const bool inline_bytes = (h.flags & kFlagInline) != 0;
+  const uint8_t* src = r.payload.data();
+  std::size_t inline_left = r.payload.size();
+  if (!inline_bytes && inline_left != 0) return {ErrorCode::kProtocol, "shm write: stray bytes"};
+  Status status;
+  uint64_t total = 0;
+  local_iov_.clear();
+  remote_iov_.clear();
+  for (uint32_t i = 0; i < h.count; ++i) {
+    Entry e = r.entry(i);
+    if (inline_bytes && e.length > inline_left) {
+      return {ErrorCode::kProtocol, "shm write: entries longer than the bytes carried"};
+    }
+    uint8_t* dst = nullptr;
+    RegionUse use;  // held while the bytes land: a deregistration waits for it
+    Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, e.offset, e.length,
+                                       Access::kRemoteWrite, &dst, use);
+    if (!s.ok()) {
+      if (status.ok())
+        status = {s.code(), "write entry " + std::to_string(e.index) + ": " + s.message()};
+    } else if (inline_bytes) {
+      if (e.length > 0) std::memcpy(dst, src, e.length);
+    } else if (e.length > 0) {
+      local_iov_.push_back({dst, e.length});
+      remote_iov_.push_back({peer_address(e.address), e.length});
+      uses_.push_back(std::move(use));
+      total += e.length;
+    }
+    if (inline_bytes) {
+      src += e.length;
+      inline_left -= e.length;
+    }
+  }
+  if (inline_left != 0) return {ErrorCode::kProtocol, "shm write: bytes beyond its entries"};
+  if (!local_iov_.empty()) {
+    Status s = pull(local_iov_.data(), remote_iov_.data(), local_iov_.size(), total);
+    if (!s.ok() && status.ok()) status = s;
+    pulled += total;
+  }
+  uses_.clear();
+  if (!status.ok()) imm_op_failed_ = true;
+  // Every byte of the op landed: the notification comes after them, as RC and TCP order it.
+  if ((h.flags & kFlagImm) && !imm_op_failed_) host_.deliver_imm(*link_, h.imm);
+  return respond_status(Record::kAck, h.op_id, h.count, status);
+}
+
+Status ShmChannel::on_read(const View& r) {
+  const Header& h = r.header;
+  if (!r.payload.empty()) return {ErrorCode::kProtocol, "shm read: stray bytes"};
+  Status status;
+  if (h.flags & kFlagInline) {
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < h.count; ++i)
+      total += std::min<uint64_t>(r.entry(i).length, kInlineBytes + 1);
+    if (total > kInlineBytes) return {ErrorCode::kProtocol, "shm read: too many bytes inline"};
+    scratch_.resize(total);
+    uint8_t* at = scratch_.data();
+    for (uint32_t i = 0; i < h.count && status.ok(); ++i) {
+      Entry e = r.entry(i);
+      uint8_t* src = nullptr;
+      RegionUse use;
+      Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, e.offset,
+                                         e.length, Access::kRemoteRead, &src, use);
+      if (!s.ok()) {
+        status = {s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()};
+      } else if (e.length > 0) {
+        std::memcpy(at, src, e.length);
+      }
+      at += e.length;
+    }
+    if (!status.ok()) return respond_status(Record::kAck, h.op_id, h.count, status);
+    Header a;
+    a.type = Record::kReadData;
+    a.op_id = h.op_id;
+    a.count = h.count;
+    a.payload = static_cast<uint32_t>(total);
+    return respond(a, r.table, scratch_);
+  }
+  if (h.count != 1) return {ErrorCode::kProtocol, "shm read: a pulled read takes one entry"};
+  Entry e = r.entry(0);
+  uint8_t* src = nullptr;
+  RegionUse use;
+  Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, e.offset, e.length,
+                                     Access::kRemoteRead, &src, use);
+  if (!s.ok()) {
+    return respond_status(Record::kAck, h.op_id, 1,
+                          {s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()});
+  }
+  if (grants_.size() >= static_cast<std::size_t>(kRequestsInFlight)) {
+    return {ErrorCode::kResourceExhausted,
+            "shm: the peer holds " + std::to_string(grants_.size()) + " read grants"};
+  }
+  // Held until the peer released it: a deregistration waits for the peer's pull.
+  grants_.push_back({next_grant_++, std::move(use), src, e.length});
+  e.address = reinterpret_cast<uint64_t>(src);
+  uint8_t table[kEntryBytes];
+  put_entry(e, table);
+  Header a;
+  a.type = Record::kGrant;
+  a.op_id = h.op_id;
+  a.count = 1;
+  a.tag = grants_.back().id;
+  return respond(a, table);
+}
+
+Status ShmChannel::on_release(const View& r) {
+  auto it = std::find_if(grants_.begin(), grants_.end(),
+                         [&](const Grant& g) { return g.id == r.header.tag; });
+  if (it == grants_.end()) {
+    return {ErrorCode::kProtocol,
+            "shm: release of grant " + std::to_string(r.header.tag) + ", which is not held"};
+  }
+  *it = std::move(grants_.back());
+  grants_.pop_back();
+  return {};
+}
+
+Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
+  const Header& h = r.header;
+  Entry e = r.entry(0);
+  const bool inline_bytes = (h.flags & kFlagInline) != 0;
+  if (inline_bytes ? r.payload.size() != e.length : !r.payload.empty()) {
+    return {ErrorCode::kProtocol, "shm send: its length and its bytes disagree"};
+  }
+  Matcher::Arrival a = link_->matcher.arrive(h.tag, e.length);
+  if (!a.error.ok()) return respond_status(Record::kSendAck, h.op_id, 1, a.error);
+  auto place = [&](uint8_t* dst, uint64_t n) -> Status {
+    if (n == 0) return {};
+    if (inline_bytes) {
+      std::memcpy(dst, r.payload.data(), n);
+      return {};
+    }
+    iovec local{dst, n}, remote{peer_address(e.address), n};
+    pulled += n;
+    return pull(&local, &remote, 1, n);
+  };
+  if (a.recv != nullptr) {
+    const OpEntry& dst = a.recv->entries[0];
+    Status s = place(dst.local, std::min(e.length, dst.length));
+    Status answer = s;
+    if (s.ok() && e.length > dst.length) answer = Matcher::truncated_send(h.tag, dst.length);
+    // The ack is queued before the receiver can run: anything it sends next goes out after it.
+    Status queued = respond_status(Record::kSendAck, h.op_id, 1, answer);
+    if (s.ok()) {
+      messages.received.fetch_add(1, std::memory_order_relaxed);
+      Matcher::settle(a.recv, e.length);
+    } else {
+      a.recv->record_error(s);
+    }
+    a.recv->finish_posted();
+    return queued;
+  }
+  std::vector<uint8_t> buffer(e.length);  // counted by the matcher before it was allocated
+  if (Status s = place(buffer.data(), e.length); !s.ok()) {
+    link_->matcher.abandon(e.length);
+    return respond_status(Record::kSendAck, h.op_id, 1, s);
+  }
+  Status queued = respond_status(Record::kSendAck, h.op_id, 1, {});
+  messages.received.fetch_add(1, std::memory_order_relaxed);
+  link_->matcher.commit(h.tag, std::move(buffer));
+  return queued;
+}
+
+OpState* ShmChannel::answered_op(const View& r, Status& error) const {
+  OpState* op = link_->pool->lookup(r.header.op_id);
+  bool fits = op != nullptr;
+  if (fits) {
+    switch (r.header.type) {
+      case Record::kAck:  // a write's, or a read's refusal
+        fits = op->kind == OpKind::kWrite || op->kind == OpKind::kRead;
+        break;
+      case Record::kSendAck:
+        fits = op->kind == OpKind::kSend;
+        break;
+      default:
+        fits = op->kind == OpKind::kRead;
+    }
+  }
+  if (!fits) {
+    error = {ErrorCode::kProtocol,
+             "shm: an answer for op " + std::to_string(r.header.op_id) + ", which is not asking"};
+    return nullptr;
+  }
+  int64_t count = r.header.type == Record::kAck || r.header.type == Record::kReadData
+                      ? static_cast<int64_t>(r.header.count)
+                      : 1;
+  if (count < 1 || count > op->pending.load()) {
+    error = {ErrorCode::kProtocol, "shm: an answer for " + std::to_string(count) +
+                                       " slices of op " + std::to_string(r.header.op_id)};
+    return nullptr;
+  }
+  // Every echoed entry must be one the op has.
+  for (std::size_t i = 0; i < r.table.size() / kEntryBytes; ++i) {
+    Entry e = r.entry(i);
+    if (e.index >= op->entries.size() || e.entry_offset > op->entries[e.index].length ||
+        e.length > op->entries[e.index].length - e.entry_offset) {
+      error = {ErrorCode::kProtocol, "shm: an answer names bytes op " +
+                                         std::to_string(r.header.op_id) + " does not have"};
+      return nullptr;
+    }
+  }
+  return op;
+}
+
+Status ShmChannel::on_answer(const View& r) {
+  const Header& h = r.header;
+  Status error;
+  OpState* op = answered_op(r, error);
+  if (op == nullptr) return error;
+  int64_t slices = h.type == Record::kAck || h.type == Record::kReadData ? h.count : 1;
+  if (h.status != 0) {
+    op->record_error(
+        {static_cast<ErrorCode>(h.status),
+         std::string(reinterpret_cast<const char*>(r.payload.data()), r.payload.size())});
+  }
+  if (h.type == Record::kSendAck &&
+      (h.status == 0 || h.status == static_cast<uint16_t>(ErrorCode::kTruncated))) {
+    messages.sent.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (h.type == Record::kReadData) {
+    const uint8_t* src = r.payload.data();
+    std::size_t left = r.payload.size();
+    for (uint32_t i = 0; i < h.count; ++i) {
+      Entry e = r.entry(i);
+      if (e.length > left) return {ErrorCode::kProtocol, "shm read data: fewer bytes than asked"};
+      if (e.length > 0) std::memcpy(op->entries[e.index].local + e.entry_offset, src, e.length);
+      src += e.length;
+      left -= e.length;
+    }
+    if (left != 0) return {ErrorCode::kProtocol, "shm read data: more bytes than asked"};
+  } else if (h.type == Record::kGrant) {
+    Entry e = r.entry(0);
+    iovec local{op->entries[e.index].local + e.entry_offset, e.length};
+    iovec remote{peer_address(e.address), e.length};
+    Status s = e.length > 0 ? pull(&local, &remote, 1, e.length) : Status();
+    if (!s.ok())
+      op->record_error({s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()});
+    Header release;
+    release.type = Record::kRelease;
+    release.tag = h.tag;
+    if (Status q = respond(release); !q.ok()) return q;
+  }
+  {
+    std::lock_guard lock(send_mu_);
+    if (credits_ == kRequestsInFlight) {
+      return {ErrorCode::kProtocol, "shm: more answers than requests"};
+    }
+    ++credits_;
+  }
+  if (op->finish_slices(slices)) op->finish_posted();
+  std::lock_guard lock(send_mu_);
+  return pump_locked();
+}
+
+// ---------------------------------------------------------------- closing
+
+void ShmChannel::close(const Status& reason) {
+  {
+    std::lock_guard lock(close_mu_);
+    if (closing_.exchange(true)) return;
+    close_reason_ = reason;
+    if (started_) {
+      // The fd stays open until the channel is destroyed, so this never hits a reused number.
+      ::shutdown(fd_.get(), SHUT_RDWR);
+      host_.reactor().post(loop_, [self = shared_from_this()] { self->stop(); });
+      return;
+    }
+  }
+  report_closed();  // never in the reactor: nothing of it runs
+}
+
+void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
+  if (closing_.load()) return;
+  host_.reactor().post(loop_, [self = shared_from_this(), base, length, why] {
+    for (const Grant& g : self->grants_) {
+      if (overlaps(g.base, g.length, base, length)) {
+        self->close(why);
+        return;
+      }
+    }
+  });
+}
+
+void ShmChannel::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  host_.reactor().remove(loop_, fd_.get());
+  {
+    std::lock_guard lock(send_mu_);
+    send_closed_ = true;
+    queue_head_ = queue_tail_ = nullptr;
+    answer_count_ = 0;
+  }
+  grants_.clear();  // the peer pulls no more: the regions may go
+  host_.reactor().retire(loop_, std::move(keep_alive_));
+  report_closed();
+}
+
+void ShmChannel::stop_after_reactor() {
+  bool started = false;
+  {
+    std::lock_guard lock(close_mu_);
+    if (!closing_.exchange(true)) close_reason_ = {ErrorCode::kCancelled, "engine shut down"};
+    started = started_;
+  }
+  if (started) {
+    stop();
+  } else {
+    report_closed();
+  }
+}
+
+void ShmChannel::report_closed() {
+  if (quiesced_.exchange(true)) return;
+  Status reason;
+  {
+    std::lock_guard lock(close_mu_);
+    reason = close_reason_;
+  }
+  if (on_closed_) on_closed_(reason);
+}
+
+Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
+  std::shared_ptr<ShmChannel> channel;
+  if (Status s = ShmChannel::create(std::move(args), cross_memory_, channel); !s.ok()) return s;
+  out = std::move(channel);
+  return {};
+}
+
+}  // namespace ferry::transport::shm

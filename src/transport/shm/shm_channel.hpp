@@ -1,0 +1,187 @@
+// The same-host transport: two processes of one host move bytes with cross-memory attach
+// (process_vm_readv), one copy from the source's memory to the destination's, and exchange
+// requests and answers as records over a Unix SOCK_SEQPACKET connection.
+//
+// The process whose memory changes does the copy ("destination pulls"): a write is pulled by
+// the target into its region, after its region table allowed the access, exactly where TCP
+// receives one; a read is granted by the target (the access checked, the region held) and
+// pulled by the initiator into its own buffer; a large message is pulled by the receiver into
+// the posted receive. No process ever writes into the other, so a stopped or crashed peer
+// cannot touch our memory, and a deregistration waits for every pull and grant (RegionUse).
+// Small payloads ride inside the records.
+//
+// Set-up (docs/architecture.md, "Same-host transport"): the listener binds an abstract socket
+// with a random name, sent only over the (authenticated) control connection; the dialer
+// connects, and both check the other's pid with SO_PEERCRED and prove cross-memory attach by
+// reading a nonce from the other's memory. The engine's one side connection is the barrier: the
+// listener publishes its peer only once the socket is accepted and checked.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/net.hpp"
+#include "transport/contract.hpp"
+#include "transport/shm/shm_wire.hpp"
+
+namespace ferry::transport::shm {
+
+// Requests (records that get an answer) an initiator keeps unanswered on a channel; the target
+// queues at most this many answers for a peer that does not read them, and holds at most this
+// many grants, and closes a channel whose peer goes beyond.
+constexpr int kRequestsInFlight = 32;
+// Records a channel handles per wake-up before its loop serves other sockets (TCP's
+// kFramesPerEvent): one flooding peer cannot monopolise a progress thread.
+constexpr int kRecordsPerWake = 64;
+// Bytes a channel pulls per wake-up, for the same reason: a peer flooding large writes leaves
+// other peers' small ones a turn after at most this much copying (about 0.1 ms here).
+constexpr std::size_t kPullBytesPerWake = 1 << 20;
+
+// Whether this process may call process_vm_readv at all (seccomp, kernel), and why not.
+bool cross_memory_allowed(std::string& why);
+
+class ShmChannel final : public Channel,
+                         public core::Reactor::Handler,
+                         public std::enable_shared_from_this<ShmChannel> {
+ public:
+  // `cross_memory`: this engine's configuration allows process_vm_readv.
+  static Status create(ChannelArgs args, bool cross_memory, std::shared_ptr<ShmChannel>& out);
+  ~ShmChannel() override;
+
+  static std::size_t worst_case_bytes();
+
+  TransportKind kind() const override { return TransportKind::kShm; }
+  std::vector<uint8_t> local_address() const override;
+  Status connect(std::span<const uint8_t> remote) override;
+  // The engine's side connection is a barrier: the socket is checked when it arrives.
+  int side_connections() const override { return 1; }
+  Status attach_side(int index, core::Fd fd) override;
+  std::string unusable() const override;
+  int lanes() const override { return 1; }
+  PostResult post(OpState* op) override;
+  void close(const Status& reason) override;
+  bool closed() const override { return closing_.load(); }
+  bool quiesced() const override { return quiesced_.load(); }
+  void stop_after_reactor() override;
+  void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
+
+  void on_event(uint32_t events) override;
+
+ private:
+  ShmChannel(ChannelArgs args, bool cross_memory);
+  Status listen();
+  Status check_peer_credentials(int fd) const;
+  // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
+  bool probe_peer(const Address& peer) const;
+  Status start();
+
+  // ---- send side, under send_mu_ ----
+  // Sends answers owed, then requests while credits last; arms EPOLLOUT when the socket is
+  // full. An error closes the channel (the caller, outside the lock).
+  Status pump_locked();
+  Status send_locked(std::span<const uint8_t> record, bool& full);
+  // Encodes the queue head's next request into out_.
+  void encode_request_locked(OpState* op);
+  void arm_locked(bool out);
+  // Queues an answer (loop thread).
+  Status respond(const Header& h, std::span<const uint8_t> table = {},
+                 std::span<const uint8_t> payload = {});
+  Status respond_status(Record type, uint64_t op_id, uint32_t count, const Status& status);
+
+  // ---- receive side, loop thread ----
+  Status receive();
+  Status handle(const View& r, std::size_t& pulled);
+  Status on_write(const View& r, std::size_t& pulled);
+  Status on_read(const View& r);
+  Status on_send(const View& r, std::size_t& pulled);
+  Status on_release(const View& r);
+  Status on_answer(const View& r);
+  Status on_grant(OpState* op, const View& r);
+  // Pulls `n` pieces from the peer's memory into ours (process_vm_readv).
+  Status pull(const iovec* local, const iovec* remote, std::size_t n, uint64_t total) const;
+  // The op an answer names, checked against what was asked.
+  OpState* answered_op(const View& r, Status& error) const;
+  void stop();
+  void report_closed();
+
+  Host& host_;
+  std::shared_ptr<PeerLink> link_;
+  std::function<void(const Status&)> on_closed_;
+  const bool dialer_;
+  const bool cross_memory_allowed_;
+  const int loop_;
+  Nonce probe_{};  // read by the peer: proves cross-memory attach into this process
+  Nonce token_{};
+  Nonce socket_name_{};
+  core::Fd listener_;  // listener side, until the peer's connection is accepted
+  core::Fd fd_;
+  pid_t peer_pid_ = 0;
+  bool reads_peer_ = false;  // we read the peer's probe
+  bool peer_reads_ = false;  // the peer read ours
+  bool peer_allows_ = false;
+  std::string unusable_;  // why operations cannot use the channel; set before it is published
+
+  std::atomic<bool> closing_{false};
+  std::atomic<bool> quiesced_{false};
+  std::mutex close_mu_;
+  Status close_reason_;
+  std::atomic<bool> started_{false};        // in the reactor (set under close_mu_)
+  bool stopped_ = false;                    // loop thread
+  std::shared_ptr<ShmChannel> keep_alive_;  // while in the reactor
+
+  // Send side.
+  std::mutex send_mu_;
+  bool send_closed_ = false;
+  bool want_out_ = false;
+  bool request_pending_ = false;  // out_ holds a request the socket did not take yet
+  int credits_ = kRequestsInFlight;
+  OpState* queue_head_ = nullptr;
+  OpState* queue_tail_ = nullptr;
+  std::vector<uint8_t> out_;  // kMaxRecordBytes; the request being sent is its first out_length_
+  std::size_t out_length_ = 0;
+  std::vector<std::vector<uint8_t>> answers_;  // a ring of queued answers
+  std::size_t answer_head_ = 0, answer_count_ = 0;
+
+  // Receive side (loop thread).
+  std::vector<uint8_t> in_;
+  std::vector<iovec> local_iov_, remote_iov_;
+  std::vector<RegionUse> uses_;
+  std::vector<uint8_t> scratch_;  // an inline answer's table and bytes
+  uint64_t imm_op_ = 0;           // the write whose records arrive now, and whether one failed
+  bool imm_op_failed_ = false;
+  struct Grant {
+    uint64_t id = 0;
+    RegionUse use;
+    const uint8_t* base = nullptr;
+    uint64_t length = 0;
+  };
+  std::vector<Grant> grants_;
+  uint64_t next_grant_ = 1;
+};
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(bool cross_memory) : cross_memory_(cross_memory) {}
+  TransportKind kind() const override { return TransportKind::kShm; }
+  // The target's region table checks every access (as over TCP), under its own key.
+  static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
+  Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
+                         KeySink& keys) override {
+    return table_key_as_key(table_key ^ kKeyFlip, keys);
+  }
+  void deregister_region(uint32_t) override {}
+  Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
+
+ private:
+  bool cross_memory_;
+};
+
+}  // namespace ferry::transport::shm

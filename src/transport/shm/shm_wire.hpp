@@ -1,0 +1,96 @@
+// The same-host transport's wire: the channel address the engine carries over the control
+// connection, and the records the two processes exchange over their Unix socket. Every decoder
+// takes untrusted bytes (the peer may be hostile) and rejects what it cannot use.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ferry/error.hpp"
+
+namespace ferry::transport::shm {
+
+constexpr uint8_t kAddressVersion = 1;
+using Nonce = std::array<uint8_t, 16>;
+
+// What one side tells the other to connect (Channel::local_address).
+struct Address {
+  uint32_t pid = 0;            // the sender as it sees itself; checked against SO_PEERCRED
+  bool cross_memory = false;   // its configuration allows process_vm_readv (Config::shm)
+  bool reads_peer = false;     // listener only: it read the dialer's probe nonce
+  Nonce socket{};              // listener only: its abstract socket's name
+  Nonce token{};               // listener only: what the dialer presents on the socket
+  uint64_t probe_address = 0;  // where the sender keeps `probe`, for the peer to read
+  Nonce probe{};
+};
+std::vector<uint8_t> encode(const Address& a);
+Status decode(std::span<const uint8_t> in, Address& out);
+
+enum class Record : uint8_t {
+  kHello = 1,     // dialer -> listener, first on the socket: token, whether it read the probe
+  kWrite = 2,     // entries; inline bytes follow the table, else the target pulls them
+  kRead = 3,      // entries; answered with kReadData (inline) or kGrant (one entry, pulled)
+  kSend = 4,      // one entry (length, address); inline bytes, else the target pulls them
+  kRelease = 5,   // the initiator is done with grant `tag`
+  kAck = 6,       // `count` slices done; `status`, error text as payload
+  kReadData = 7,  // the request's table echoed, then the bytes
+  kGrant = 8,     // the request's one entry echoed, `address` = where to pull; grant id `tag`
+  kSendAck = 9,   // status, error text
+};
+
+// Header flags.
+constexpr uint8_t kFlagInline = 1;  // the bytes travel in the record
+constexpr uint8_t kFlagImm = 2;     // a write's last record: deliver `imm` once it landed
+
+struct Header {
+  Record type{};
+  uint8_t flags = 0;
+  uint16_t status = 0;  // ErrorCode of a response
+  uint32_t count = 0;   // table entries (requests, read data) or slices done (acks)
+  uint64_t op_id = 0;   // the initiator's op, echoed by responses
+  uint64_t tag = 0;     // message tag (kSend) or grant id (kGrant, kRelease)
+  uint32_t imm = 0;
+  uint32_t payload = 0;  // bytes after the table
+};
+constexpr std::size_t kHeaderBytes = 32;
+
+// One slice of an operation.
+struct Entry {
+  uint32_t index = 0;         // the op's entry
+  uint32_t region = 0;        // the target's region
+  uint64_t key = 0;           // its shm key
+  uint64_t offset = 0;        // in the target's region
+  uint64_t entry_offset = 0;  // in the op's entry
+  uint64_t length = 0;
+  uint64_t address = 0;  // the bytes' address in the process that holds them (pulls)
+};
+constexpr std::size_t kEntryBytes = 48;
+
+// Slices one record carries at most: one header and one answer for a scattered batch's small
+// entries (TCP groups as many), and one process_vm_readv's iovecs (Linux takes 1024).
+constexpr uint32_t kMaxEntries = 256;
+// Bytes that travel inside a record instead of being pulled: below this a copy through the
+// socket costs less than the process_vm_readv call and its page walk (*to measure*; TCP's
+// staging buffer draws the same line at 16 KiB).
+constexpr std::size_t kInlineBytes = 16 << 10;
+// An error text in a response.
+constexpr std::size_t kMaxTextBytes = 512;
+// The largest record: a full table and the inline bytes.
+constexpr std::size_t kMaxRecordBytes = kHeaderBytes + kMaxEntries * kEntryBytes + kInlineBytes;
+
+void put_header(const Header& h, uint8_t* out);
+void put_entry(const Entry& e, uint8_t* out);
+// A received record: its header, `count` entries when the type has a table, and the payload.
+// Rejects sizes that disagree, unknown types, flags or a table longer than kMaxEntries.
+struct View {
+  Header header;
+  std::span<const uint8_t> table;
+  std::span<const uint8_t> payload;
+  Entry entry(std::size_t i) const;
+};
+Status parse(std::span<const uint8_t> record, View& out);
+
+}  // namespace ferry::transport::shm
