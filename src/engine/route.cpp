@@ -39,6 +39,8 @@ std::string verdict_text(const Candidate& c, Verdict v, OpClass op, MemoryKind l
              std::string(to_string(chosen)) + " key)";
     case Verdict::kNoCapability:
       return "cannot carry " + std::string(to_string(op));
+    case Verdict::kUnusable:
+      return "not usable here: " + c.unusable;
     case Verdict::kLocalMemory:
       return "cannot move " + std::string(to_string(local)) + " memory here";
     case Verdict::kRemoteMemory:
@@ -91,7 +93,9 @@ Decision choose(std::span<const Candidate> candidates, OpClass op, MemoryKind lo
   Decision d;
   for (std::size_t i = 0; i < candidates.size() && i < d.verdicts.size(); ++i) {
     const Candidate& c = candidates[i];
-    if ((c.capabilities & needed(op)) != needed(op)) {
+    if (!c.unusable.empty()) {
+      d.verdicts[i] = Verdict::kUnusable;
+    } else if ((c.capabilities & needed(op)) != needed(op)) {
       d.verdicts[i] = Verdict::kNoCapability;
     } else if (!moves(c.memory, local)) {
       d.verdicts[i] = Verdict::kLocalMemory;
@@ -123,7 +127,7 @@ Routes plan_routes(const Config& config, std::span<const TransportKind> channels
     auto rank = std::find(config.transports.begin(), config.transports.end(), kind);
     candidates.push_back({kind, entry != nullptr ? entry->capabilities : 0,
                           entry != nullptr ? entry->memory : transport::MemoryKinds{},
-                          static_cast<int>(rank - config.transports.begin())});
+                          static_cast<int>(rank - config.transports.begin()), unusable_here(kind)});
   }
   // Configured transports in this engine's order, each once, with its channel (an index) or,
   // when it is none of the peer's channels, why not: the same for every row.

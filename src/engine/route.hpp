@@ -33,6 +33,7 @@ struct Candidate {
   uint32_t capabilities = 0;        // transport::Capability bits
   transport::MemoryKinds memory{};  // what it moves, on both ends
   int rank = 0;                     // position in this engine's Config::transports
+  std::string unusable;             // why the connected channel carries nothing ("" if it can)
 };
 
 enum class Verdict : uint8_t {
@@ -41,6 +42,7 @@ enum class Verdict : uint8_t {
   kNoCapability,  // cannot do this kind of operation
   kLocalMemory,   // cannot move this engine's memory of that kind
   kRemoteMemory,  // cannot move the peer's memory of that kind
+  kUnusable,      // connected, but cannot carry anything (Channel::unusable)
 };
 
 struct Decision {
@@ -50,7 +52,8 @@ struct Decision {
   std::array<Verdict, kMaxOfferedTransports> verdicts{};  // per candidate
 };
 
-// The rules, in order; a candidate gets the first it fails: messages need kCapMessages and
+// The rules, in order; a candidate gets the first it fails: a channel that cannot carry
+// anything carries nothing; messages need kCapMessages and
 // write_with_imm kCapImm (write / read need nothing: a transport without kCapOneSided has the
 // target's CPU serve them); the local memory kind and the remote one must be among the
 // transport's (the peer's build is assumed alike: its descriptor carries a key only where its
@@ -88,8 +91,9 @@ struct Routes {
 };
 
 // The routes to a peer whose channels are `channels` (their kinds, in the channel set's order)
-// at `reach`. `unusable_here` says why this engine cannot use a configured transport, or ""
-// when it can; the reasons of configured transports that are not channels go into each why.
+// at `reach`. `unusable_here` says why this engine cannot use a configured transport, or the
+// peer's channel of that kind cannot carry operations, or "" when it can; configured
+// transports that are not channels and channels that cannot carry say so in each why.
 Routes plan_routes(const Config& config, std::span<const TransportKind> channels, Reach reach,
                    const std::function<std::string(TransportKind)>& unusable_here);
 

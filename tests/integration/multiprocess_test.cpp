@@ -2,6 +2,8 @@
 // killed and a hung target are conformance cases: tests/conformance/multiprocess_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "support/pair.hpp"
@@ -29,6 +31,43 @@ TEST(MultiProcess, ATransportThatStaysInOneProcessIsNotOfferedToAnother) {
   Transfer whole{&local, 0, &target.descriptor, 0, kSize};
   ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
   for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
+}
+
+// A same-host peer whose process may not call process_vm_readv (a seccomp profile, installed
+// after its engine opened the shm transport): the pair's probe fails, the shm channel says so,
+// and every operation goes over TCP instead of failing.
+TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) {
+  constexpr std::size_t kSize = 4 << 20;
+  ScopedEnv deny("FERRY_TEST_DENY_CROSS_MEMORY", "1");
+  TargetProcess target(kSize, "shm,tcp");
+  ASSERT_FALSE(target.address.empty());
+  Config c = test_config();
+  c.transports = {TransportKind::kShm, TransportKind::kTcp};
+  Engine e(c);
+  Peer peer = e.connect(target.address);
+  EXPECT_EQ(peer.reach(), Reach::kSameHost);
+  EXPECT_EQ(peer.transport(), TransportKind::kTcp);
+  std::vector<RouteInfo> routes = peer.routes();
+  ASSERT_FALSE(routes.empty());
+  for (const RouteInfo& r : routes) {
+    EXPECT_EQ(r.transport, TransportKind::kTcp);
+    EXPECT_NE(r.why.find("shm: not usable here: the peer (process " + std::to_string(target.pid) +
+                         ") may not read this process"),
+              std::string::npos)
+        << r.why;
+  }
+
+  std::vector<uint8_t> buf(kSize), back(kSize);
+  Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
+  Region check = e.register_memory(back.data(), kSize, Access::kLocal);
+  Transfer whole{&local, 0, &target.descriptor, 0, kSize};
+  ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
+  for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
+  fill_pattern(buf.data(), kSize, 17);
+  ASSERT_TRUE(peer.write({&whole, 1}).wait(kWait).ok());
+  Transfer again{&check, 0, &target.descriptor, 0, kSize};
+  ASSERT_TRUE(peer.read({&again, 1}).wait(kWait).ok());
+  EXPECT_EQ(0, std::memcmp(buf.data(), back.data(), kSize));
 }
 
 }  // namespace

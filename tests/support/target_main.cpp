@@ -2,14 +2,55 @@
 // and descriptor, and serves until its standard input closes.
 // usage: ferry_test_target [SIZE [LISTEN_HOST [TRANSPORTS]]]
 //   (defaults: 1 MiB, 127.0.0.1, the default transports; TRANSPORTS: names, comma-separated)
+// With FERRY_TEST_DENY_CROSS_MEMORY=1 in its environment, a seccomp filter refuses the process
+// process_vm_readv/writev (EPERM) once its engine is open, as a container's profile would.
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "ferry/ferry.hpp"
+
+namespace {
+
+#if defined(__x86_64__)
+constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#endif
+
+// Every thread of the process (the engine's included) gets EPERM from process_vm_*.
+void deny_cross_memory() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 1, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_writev, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+      syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &program) != 0) {
+    std::cerr << "seccomp: " << std::strerror(errno) << std::endl;
+    std::exit(2);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::size_t size = argc > 1 ? std::stoull(argv[1]) : (1 << 20);
@@ -22,6 +63,8 @@ int main(int argc, char** argv) {
       c.transports.push_back(ferry::transport_named(name).value());
   }
   ferry::Engine engine(c);
+  if (const char* deny = std::getenv("FERRY_TEST_DENY_CROSS_MEMORY"); deny && *deny == '1')
+    deny_cross_memory();
   std::vector<uint8_t> mem(size);
   for (std::size_t i = 0; i < size; ++i) mem[i] = static_cast<uint8_t>(i * 31 + 7);
   ferry::Region region = engine.register_memory(mem.data(), size, ferry::Access::kRemoteReadWrite);
