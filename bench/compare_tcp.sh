@@ -48,11 +48,11 @@ for run in $(seq 1 "$REPEAT"); do
   rtt=$("$PINGPONG" 8 20000 | awk '/rtt_p50_us/ {print $2}')
   # One operation at a time for 8 B latency and 64 MiB; 1 MiB with 8 in flight, as UCX's
   # bandwidth tests keep a window of messages in flight.
-  single=$("$FERRY" bench --op write,read --sizes 8,67108864 --json)
-  window=$("$FERRY" bench --op write,read --sizes 1048576 --concurrency 8 --json)
+  single=$("$FERRY" bench --transport tcp --op write,read --sizes 8,67108864 --json)
+  window=$("$FERRY" bench --transport tcp --op write,read --sizes 1048576 --concurrency 8 --json)
   # Scattered batches: 10000 entries of 4 KiB and 16 KiB at shuffled offsets, each beside one
   # contiguous transfer of the same bytes (ratio and write()/read() time per entry).
-  scatter=$("$FERRY" bench --op write,read --sizes 4K,16K --scatter 10000 --json)
+  scatter=$("$FERRY" bench --transport tcp --op write,read --sizes 4K,16K --scatter 10000 --json)
   scatter_rows+=$(echo "$scatter" | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -15,9 +15,10 @@ namespace ferry {
 using Clock = std::chrono::steady_clock;
 using Duration = std::chrono::nanoseconds;
 
-// Verbs first where a device is usable, then TCP.
+// The same-host transport for peers on this host, verbs where a device is usable, then TCP.
 inline std::vector<TransportKind> default_transports() {
   std::vector<TransportKind> t;
+  t.push_back(TransportKind::kShm);
   t.push_back(TransportKind::kVerbs);
   t.push_back(TransportKind::kTcp);
   return t;

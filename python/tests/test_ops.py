@@ -163,7 +163,7 @@ def test_tagged_send_recv_in_order_both_directions(pair):
 def test_peer_and_engine_properties(pair):
     assert pair.peer.engine_id == pair.target.id
     assert pair.peer.incarnation == pair.target.incarnation
-    assert pair.peer.transport in ("tcp", "verbs")
+    assert pair.peer.transport in ("shm", "tcp", "verbs")
     assert pair.peer.reach == "same process"
     routes = pair.peer.routes
     assert [r["operations"] for r in routes] == ["write/read", "write_with_imm", "send/recv"]

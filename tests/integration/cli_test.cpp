@@ -226,9 +226,9 @@ TEST(Cli, Info) {
   EXPECT_TRUE(std::regex_search(text, std::regex("\n  verbs +(usable|unusable) "))) << text;
   // The routing decision for the default configuration, and why.
   EXPECT_TRUE(std::regex_search(
-      text, std::regex("\nroutes with the default transports \\(verbs, tcp\\), to a peer "
+      text, std::regex("\nroutes with the default transports \\(shm, verbs, tcp\\), to a peer "
                        "configured alike:\n  peer on this host:\n    write/read +host->host +"
-                       "(tcp|verbs) +verbs: [^\n]+; tcp: [^\n]+\n")))
+                       "shm +shm: chosen \\(rank 1\\); verbs: [^\n]+; tcp: [^\n]+\n")))
       << text;
   EXPECT_NE(text.find("  peer on another host:\n"), std::string::npos) << text;
   std::string json;
@@ -239,9 +239,10 @@ TEST(Cli, Info) {
   for (const std::string& part :
        {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
         std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
-        std::string("],\"configured\":{\"by\":\"default\",\"transports\":[\"verbs\",\"tcp\"]},"
-                    "\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
-                    "\"host\",\"remote\":\"host\",\"transport\":\""),
+        std::string(
+            "],\"configured\":{\"by\":\"default\",\"transports\":[\"shm\",\"verbs\",\"tcp\"]},"
+            "\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
+            "\"host\",\"remote\":\"host\",\"transport\":\""),
         std::string("\"other host\":[{\"operations\":\"write/read\""),
         std::string("}]},\"interfaces\":[{\"name\":\""),
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
@@ -331,19 +332,20 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
             0)
       << out;
   for (const char* op : {"write ", "read ", "write_imm ", "send "}) {
-    EXPECT_NE(out.find(std::string("tcp       ") + op), std::string::npos) << op << "\n" << out;
+    EXPECT_NE(out.find(std::string("shm       ") + op), std::string::npos) << op << "\n" << out;
   }
   EXPECT_EQ(out.find('\r'), std::string::npos) << "progress shown off a terminal\n" << out;
   // Which transport each operation took, and why, before the table.
   EXPECT_TRUE(std::regex_search(
-      out, std::regex("routes to the peer \\(same host\\):\n  write/read +host->host +tcp +"
-                      "verbs: [^\n]+; tcp: chosen \\(rank 2\\)\n  write_with_imm ")))
+      out, std::regex("routes to the peer \\(same host\\):\n  write/read +host->host +shm +"
+                      "shm: chosen \\(rank 1\\); verbs: [^\n]+; tcp: fallback [^\n]+\n"
+                      "  write_with_imm ")))
       << out;
   std::string json;
   ASSERT_EQ(run("bench --op read --sizes 64KiB --iters 3 --json", json), 0) << json;
   EXPECT_NE(json.find("\"size\":65536,"), std::string::npos) << json;
   EXPECT_NE(json.find("\"verified\":true"), std::string::npos) << json;
-  EXPECT_NE(json.find("; tcp: chosen (rank 2)\"}"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"why\":\"shm: chosen (rank 1); "), std::string::npos) << json;
   // Batches prepared once and posted again (Peer::prepare_*), all in one area, checked the
   // same way. (Not the ping-pong: over TCP its polling of memory the receiving thread copies
   // into is a data race by design, which TSan stops; the guest suite runs it over verbs.)
@@ -386,7 +388,7 @@ TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {
   ASSERT_EQ(
       run("bench --connect " + address + " --op write,read,send --sizes 4K,1M --iters 5", out), 0)
       << out;
-  EXPECT_NE(out.find("tcp       send"), std::string::npos) << out;
+  EXPECT_NE(out.find("shm       send"), std::string::npos) << out;
   EXPECT_TRUE(target.running());
   target.kill_now();
   std::string errors = target.errors();

@@ -38,6 +38,7 @@ TEST(SendRecv, ALargeMessageIsAnnouncedAndWaitsAtTheSender) {
 
 TEST(SendRecv, AnAnnouncedMessageFailsWithItsPeer) {
   Config c = test_config();
+  c.transports = {TransportKind::kTcp};
   c.tcp.eager_bytes = 4096;
   Pair p(c, c);
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 24);

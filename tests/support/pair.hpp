@@ -30,6 +30,10 @@ inline Config test_config() {
   c.wait_spin = 0us;
   // A FERRY_TRANSPORTS set in the shell running the tests changes none of them.
   c.transports_from_environment = false;
+  // The network transports, which most tests were written for: engines of one test process
+  // would otherwise meet over the same-host transport, which its own cases cover (the
+  // conformance suite, multiprocess_test.cpp) and which a test names where it wants it.
+  c.transports = {TransportKind::kVerbs, TransportKind::kTcp};
   return c;
 }
 
