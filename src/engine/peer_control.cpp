@@ -33,6 +33,11 @@ struct PeerImpl::Control final : core::Reactor::Handler {
   uint8_t in[core::kFrameHeaderSize];
   std::size_t in_len = 0;
   bool stopped = false;  // loop thread only
+  // Watched by the reactor (start_control), and closed: whichever comes second decides, so a
+  // peer closed before it was started is never watched, and a watched one is always stopped.
+  std::mutex watch_mu;
+  bool watched = false;
+  bool closed = false;
 
   void heard() { last_heard_ns.store(Clock::now().time_since_epoch().count()); }
 
@@ -135,11 +140,15 @@ std::shared_ptr<PeerImpl> PeerImpl::create(std::shared_ptr<EngineImpl> eng,
 }
 
 void PeerImpl::start_control() {
+  std::lock_guard lock(control_->watch_mu);
+  if (control_->closed) return;  // lost while joining: nothing to watch
   control_->peer = weak_from_this();
   control_->loop = engine->reactor().pick_loop();
   if (core::set_nonblocking(control_->fd.get(), true).ok()) {
-    (void)engine->reactor().add(control_->loop, control_->fd.get(), EPOLLIN | EPOLLRDHUP,
-                                control_.get());
+    control_->watched =
+        engine->reactor()
+            .add(control_->loop, control_->fd.get(), EPOLLIN | EPOLLRDHUP, control_.get())
+            .ok();
   }
 }
 
@@ -174,7 +183,10 @@ void PeerImpl::close(const Status& reason) {
   if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
   ::shutdown(control_->fd.get(), SHUT_RDWR);
   std::shared_ptr<Control> control = control_;
-  engine->reactor().post(control->loop, [control] { control->stop(control); });
+  std::lock_guard lock(control->watch_mu);
+  control->closed = true;
+  if (control->watched)
+    engine->reactor().post(control->loop, [control] { control->stop(control); });
 }
 
 void PeerImpl::channel_closed(const Status& reason) {
