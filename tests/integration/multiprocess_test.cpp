@@ -12,19 +12,35 @@
 namespace ferry::test {
 namespace {
 
+// An engine offering `transports` (best first), connected to a target in another process of
+// this host.
+struct SameHostPeer {
+  SameHostPeer(const TargetProcess& target, std::vector<TransportKind> transports)
+      : engine(configured(std::move(transports))),
+        peer(engine.connect(target.address)),
+        routes(peer.routes()) {
+    EXPECT_EQ(peer.reach(), Reach::kSameHost);
+  }
+  static Config configured(std::vector<TransportKind> transports) {
+    Config c = test_config();
+    c.transports = std::move(transports);
+    return c;
+  }
+  Engine engine;
+  Peer peer;
+  std::vector<RouteInfo> routes;
+};
+
 TEST(MultiProcess, ATransportThatStaysInOneProcessIsNotOfferedToAnother) {
   constexpr std::size_t kSize = 1 << 20;
   TargetProcess target(kSize, "loopback,tcp");
   ASSERT_FALSE(target.address.empty());
-  Config c = test_config();
-  c.transports = {transport_named("loopback").value(), TransportKind::kTcp};
-  Engine e(c);
-  Peer peer = e.connect(target.address);
-  EXPECT_EQ(peer.reach(), Reach::kSameHost);
+  SameHostPeer x(target, {transport_named("loopback").value(), TransportKind::kTcp});
+  Engine& e = x.engine;
+  Peer& peer = x.peer;
   EXPECT_EQ(peer.transport(), TransportKind::kTcp);
-  std::vector<RouteInfo> routes = peer.routes();
-  ASSERT_FALSE(routes.empty());
-  EXPECT_EQ(routes[0].why, "loopback: cannot reach another process; tcp: chosen (rank 2)");
+  ASSERT_FALSE(x.routes.empty());
+  EXPECT_EQ(x.routes[0].why, "loopback: cannot reach another process; tcp: chosen (rank 2)");
 
   std::vector<uint8_t> buf(kSize);
   Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
@@ -41,15 +57,12 @@ TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) 
   ScopedEnv deny("FERRY_TEST_DENY_CROSS_MEMORY", "1");
   TargetProcess target(kSize, "shm,tcp");
   ASSERT_FALSE(target.address.empty());
-  Config c = test_config();
-  c.transports = {TransportKind::kShm, TransportKind::kTcp};
-  Engine e(c);
-  Peer peer = e.connect(target.address);
-  EXPECT_EQ(peer.reach(), Reach::kSameHost);
+  SameHostPeer x(target, {TransportKind::kShm, TransportKind::kTcp});
+  Engine& e = x.engine;
+  Peer& peer = x.peer;
   EXPECT_EQ(peer.transport(), TransportKind::kTcp);
-  std::vector<RouteInfo> routes = peer.routes();
-  ASSERT_FALSE(routes.empty());
-  for (const RouteInfo& r : routes) {
+  ASSERT_FALSE(x.routes.empty());
+  for (const RouteInfo& r : x.routes) {
     EXPECT_EQ(r.transport, TransportKind::kTcp);
     EXPECT_NE(r.why.find("shm: not usable here: the peer (process " + std::to_string(target.pid) +
                          ") may not read this process"),
