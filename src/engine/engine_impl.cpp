@@ -388,7 +388,6 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
     peer->open_channels.fetch_add(1);
     peer->channels.add(std::move(channel));
   }
-  plan_routes(*peer);
   return {};
 }
 
@@ -559,7 +558,7 @@ void EngineImpl::attach_side(const std::shared_ptr<PeerImpl>& peer, const engine
 void EngineImpl::publish(const std::shared_ptr<PeerImpl>& peer) {
   // Started before anyone can see the peer: accept() may close it at once. (shutdown() waits
   // for this thread before it collects the peers, so none is missed in between.)
-  plan_routes(*peer);  // now that every channel is set up and knows whether it can carry
+  plan_routes(*peer);  // every channel is set up and knows whether it can carry
   peer->start_control();
   {
     // It leaves joining_ and enters peers_ in one step, so it is counted all along; a peer
@@ -653,7 +652,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
       }
     }
   }
-  plan_routes(*peer);  // now that every channel is set up and knows whether it can carry
+  plan_routes(*peer);  // every channel is set up and knows whether it can carry
   peer->start_control();
   bool registered = false;
   {

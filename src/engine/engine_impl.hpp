@@ -79,11 +79,11 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // Why a configured transport could not be opened here ("" when it was).
   std::string unusable_reason(TransportKind kind) const;
   // Channel set-up, both sides (docs/protocol.md, "Handshake"). Creates one channel of the
-  // peer per kind in `kinds` and decides the peer's routes; an error refuses the peer.
+  // peer per kind in `kinds`; an error refuses the peer.
   Status make_channels(const std::shared_ptr<PeerImpl>& peer, std::span<const TransportKind> kinds,
                        bool dialer);
-  // Decides the peer's routes from its channels: again once they are all set up, before the
-  // peer is used (a channel may then say it cannot carry operations).
+  // Decides the peer's routes from its channels, once they are all set up (a channel may then
+  // say it cannot carry operations) and before the peer is used.
   void plan_routes(PeerImpl& peer) const;
   // The CHANNEL_ADDRESSES frame of the peer's channels.
   static std::vector<uint8_t> channel_addresses(const PeerImpl& peer);

@@ -2,7 +2,7 @@
 // made from the channels' capabilities and memory kinds, the memory kinds of both ends and this
 // engine's order (Config::transports). Reach (same process, same host, other host) decides
 // earlier which channels a peer gets at all: the handshake offers a transport only to peers it
-// can reach. A peer's decisions are made once, when it is created, into a RouteTable that the
+// can reach. A peer's decisions are made once, when its channels are set up, into a RouteTable that the
 // data path reads with one load.
 #pragma once
 

@@ -11,7 +11,7 @@ std::unique_ptr<Transport> open(const Config& config, std::string& why) {
     return nullptr;
   }
   if (!shm::cross_memory_allowed(why)) return nullptr;
-  return std::make_unique<shm::ShmTransport>(true);
+  return std::make_unique<shm::ShmTransport>();
 }
 
 TransportInfo describe() {

@@ -44,6 +44,11 @@ void* peer_address(uint64_t address) {
   return reinterpret_cast<void*>(address);  // NOLINT(performance-no-int-to-ptr)
 }
 
+// The slices of the op an answer finishes: an ack's and read data's count, else one.
+int64_t answered_slices(const Header& h) {
+  return h.type == Record::kAck || h.type == Record::kReadData ? static_cast<int64_t>(h.count) : 1;
+}
+
 // Compares secrets in time independent of where they differ.
 bool same_bytes(std::span<const uint8_t> a, std::span<const uint8_t> b) {
   if (a.size() != b.size()) return false;
@@ -67,19 +72,18 @@ bool cross_memory_allowed(std::string& why) {
   return false;
 }
 
-ShmChannel::ShmChannel(ChannelArgs args, bool cross_memory)
+ShmChannel::ShmChannel(ChannelArgs args)
     : host_(args.host),
       link_(std::move(args.link)),
       on_closed_(std::move(args.on_closed)),
       dialer_(args.dialer),
-      cross_memory_allowed_(cross_memory),
       loop_(args.host.reactor().pick_loop()),
       answers_(2 * kRequestsInFlight) {}
 
 ShmChannel::~ShmChannel() = default;
 
-Status ShmChannel::create(ChannelArgs args, bool cross_memory, std::shared_ptr<ShmChannel>& out) {
-  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args), cross_memory));
+Status ShmChannel::create(ChannelArgs args, std::shared_ptr<ShmChannel>& out) {
+  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args)));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -113,7 +117,6 @@ Status ShmChannel::listen() {
 std::vector<uint8_t> ShmChannel::local_address() const {
   Address a;
   a.pid = static_cast<uint32_t>(::getpid());
-  a.cross_memory = cross_memory_allowed_;
   a.reads_peer = reads_peer_;
   a.socket = socket_name_;
   a.token = token_;
@@ -148,8 +151,7 @@ Status ShmChannel::connect(std::span<const uint8_t> remote) {
   Address a;
   if (Status s = decode(remote, a); !s.ok()) return s;
   peer_pid_ = static_cast<pid_t>(a.pid);
-  peer_allows_ = a.cross_memory;
-  reads_peer_ = cross_memory_allowed_ && a.cross_memory && probe_peer(a);
+  reads_peer_ = probe_peer(a);
   if (!dialer_) return {};  // the dialer connects to our socket, checked in attach_side
   peer_reads_ = a.reads_peer;
   core::Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -160,8 +162,6 @@ Status ShmChannel::connect(std::span<const uint8_t> remote) {
     return core::sys_status("connect (the peer's shm socket)", errno, ErrorCode::kConnectFailed);
   }
   if (Status s = check_peer_credentials(fd.get()); !s.ok()) return s;
-  int buffer = kSocketBufferBytes;
-  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
   uint8_t hello[kHeaderBytes + kHelloBytes];
   Header h;
   h.type = Record::kHello;
@@ -208,11 +208,7 @@ Status ShmChannel::attach_side(int index, core::Fd barrier) {
     listener_.reset();
   }
   if (!fd_.valid()) return {ErrorCode::kProtocol, "shm: side connection before the address"};
-  if (!cross_memory_allowed_) {
-    unusable_ = "cross-memory attach is off in this engine's configuration (Config::shm)";
-  } else if (!peer_allows_) {
-    unusable_ = "the peer's configuration turns cross-memory attach off";
-  } else if (!reads_peer_) {
+  if (!reads_peer_) {
     unusable_ = "process_vm_readv of the peer (process " + std::to_string(peer_pid_) +
                 ") is refused here (kernel.yama.ptrace_scope, another user, or seccomp)";
   } else if (!peer_reads_) {
@@ -346,17 +342,22 @@ void ShmChannel::encode_request_locked(OpState* op) {
     // Small slices travel inline, as many as fit; larger ones are pulled, a write's several
     // per record up to a slice's bytes, a read's one per grant.
     bool inline_bytes = slice_length(c) <= kInlineBytes;
+    // First which slices the record takes, then their entries and (inline) bytes in place.
     uint64_t bytes = 0;
     uint32_t count = 0;
-    uint8_t* payload = table + kMaxEntries * kEntryBytes;  // moved behind the table below
-    while (c.remaining > 0 && count < kMaxEntries) {
-      uint64_t length = slice_length(c);
-      if (count > 0) {
-        if (inline_bytes ? bytes + length > kInlineBytes
-                         : !write || length <= kInlineBytes || bytes + length > op->slice_bytes) {
-          break;
-        }
+    for (LaneCursor at = c; at.remaining > 0 && count < kMaxEntries; ++count) {
+      uint64_t length = slice_length(at);
+      if (count > 0 &&
+          (inline_bytes ? bytes + length > kInlineBytes
+                        : !write || length <= kInlineBytes || bytes + length > op->slice_bytes)) {
+        break;
       }
+      bytes += length;
+      advance(*op, at, 1);
+      --at.remaining;
+    }
+    uint8_t* payload = table + std::size_t{count} * kEntryBytes;
+    for (uint32_t i = 0; i < count; ++i) {
       const OpEntry& e = op->entries[c.entry];
       Entry x;
       x.index = c.entry;
@@ -364,22 +365,19 @@ void ShmChannel::encode_request_locked(OpState* op) {
       x.key = e.remote_key;
       x.offset = e.remote_offset + c.offset;
       x.entry_offset = c.offset;
-      x.length = length;
+      x.length = slice_length(c);
       x.address = reinterpret_cast<uint64_t>(e.local + c.offset);
-      put_entry(x, table + std::size_t{count} * kEntryBytes);
-      if (inline_bytes && write && length > 0)
-        std::memcpy(payload + bytes, e.local + c.offset, length);
-      bytes += length;
-      ++count;
+      put_entry(x, table + std::size_t{i} * kEntryBytes);
+      if (inline_bytes && write && x.length > 0) {
+        std::memcpy(payload, e.local + c.offset, x.length);
+        payload += x.length;
+      }
       advance(*op, c, 1);
       --c.remaining;
     }
     h.count = count;
     if (inline_bytes) h.flags = kFlagInline;
-    if (inline_bytes && write) {
-      h.payload = static_cast<uint32_t>(bytes);
-      std::memmove(table + std::size_t{count} * kEntryBytes, payload, bytes);
-    }
+    if (inline_bytes && write) h.payload = static_cast<uint32_t>(bytes);
     last = c.remaining == 0;
     if (last && write && op->with_imm) {
       h.flags |= kFlagImm;
@@ -685,9 +683,7 @@ OpState* ShmChannel::answered_op(const View& r, Status& error) const {
              "shm: an answer for op " + std::to_string(r.header.op_id) + ", which is not asking"};
     return nullptr;
   }
-  int64_t count = r.header.type == Record::kAck || r.header.type == Record::kReadData
-                      ? static_cast<int64_t>(r.header.count)
-                      : 1;
+  int64_t count = answered_slices(r.header);
   if (count < 1 || count > op->pending.load()) {
     error = {ErrorCode::kProtocol, "shm: an answer for " + std::to_string(count) +
                                        " slices of op " + std::to_string(r.header.op_id)};
@@ -711,7 +707,6 @@ Status ShmChannel::on_answer(const View& r) {
   Status error;
   OpState* op = answered_op(r, error);
   if (op == nullptr) return error;
-  int64_t slices = h.type == Record::kAck || h.type == Record::kReadData ? h.count : 1;
   if (h.status != 0) {
     op->record_error(
         {static_cast<ErrorCode>(h.status),
@@ -751,7 +746,7 @@ Status ShmChannel::on_answer(const View& r) {
     }
     ++credits_;
   }
-  if (op->finish_slices(slices)) op->finish_posted();
+  if (op->finish_slices(answered_slices(h))) op->finish_posted();
   std::lock_guard lock(send_mu_);
   return pump_locked();
 }
@@ -826,7 +821,7 @@ void ShmChannel::report_closed() {
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
-  if (Status s = ShmChannel::create(std::move(args), cross_memory_, channel); !s.ok()) return s;
+  if (Status s = ShmChannel::create(std::move(args), channel); !s.ok()) return s;
   out = std::move(channel);
   return {};
 }

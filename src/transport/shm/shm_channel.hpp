@@ -52,8 +52,7 @@ class ShmChannel final : public Channel,
                          public core::Reactor::Handler,
                          public std::enable_shared_from_this<ShmChannel> {
  public:
-  // `cross_memory`: this engine's configuration allows process_vm_readv.
-  static Status create(ChannelArgs args, bool cross_memory, std::shared_ptr<ShmChannel>& out);
+  static Status create(ChannelArgs args, std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
   static std::size_t worst_case_bytes();
@@ -76,7 +75,7 @@ class ShmChannel final : public Channel,
   void on_event(uint32_t events) override;
 
  private:
-  ShmChannel(ChannelArgs args, bool cross_memory);
+  explicit ShmChannel(ChannelArgs args);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
@@ -116,7 +115,6 @@ class ShmChannel final : public Channel,
   std::shared_ptr<PeerLink> link_;
   std::function<void(const Status&)> on_closed_;
   const bool dialer_;
-  const bool cross_memory_allowed_;
   const int loop_;
   Nonce probe_{};  // read by the peer: proves cross-memory attach into this process
   Nonce token_{};
@@ -126,8 +124,7 @@ class ShmChannel final : public Channel,
   pid_t peer_pid_ = 0;
   bool reads_peer_ = false;  // we read the peer's probe
   bool peer_reads_ = false;  // the peer read ours
-  bool peer_allows_ = false;
-  std::string unusable_;  // why operations cannot use the channel; set before it is published
+  std::string unusable_;     // why operations cannot use the channel; set before it is published
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};
@@ -169,7 +166,6 @@ class ShmChannel final : public Channel,
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(bool cross_memory) : cross_memory_(cross_memory) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -179,9 +175,6 @@ class ShmTransport final : public Transport {
   }
   void deregister_region(uint32_t) override {}
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
-
- private:
-  bool cross_memory_;
 };
 
 }  // namespace ferry::transport::shm

@@ -41,7 +41,7 @@ std::vector<uint8_t> encode(const Address& a) {
   std::vector<uint8_t> out;
   core::ByteWriter w(out);
   w.u8(kAddressVersion);
-  w.u8(static_cast<uint8_t>((a.cross_memory ? 1 : 0) | (a.reads_peer ? 2 : 0)));
+  w.u8(a.reads_peer ? 1 : 0);
   w.u32(a.pid);
   w.bytes(a.socket);
   w.bytes(a.token);
@@ -65,9 +65,8 @@ Status decode(std::span<const uint8_t> in, Address& out) {
     return {ErrorCode::kProtocol, "shm address: version " + std::to_string(version) + ", this " +
                                       "build speaks " + std::to_string(kAddressVersion)};
   }
-  if ((flags & ~3u) != 0 || a.pid == 0) return {ErrorCode::kProtocol, "shm address: malformed"};
-  a.cross_memory = (flags & 1) != 0;
-  a.reads_peer = (flags & 2) != 0;
+  if ((flags & ~1u) != 0 || a.pid == 0) return {ErrorCode::kProtocol, "shm address: malformed"};
+  a.reads_peer = flags != 0;
   out = a;
   return {};
 }

@@ -19,7 +19,6 @@ using Nonce = std::array<uint8_t, 16>;
 // What one side tells the other to connect (Channel::local_address).
 struct Address {
   uint32_t pid = 0;            // the sender as it sees itself; checked against SO_PEERCRED
-  bool cross_memory = false;   // its configuration allows process_vm_readv (Config::shm)
   bool reads_peer = false;     // listener only: it read the dialer's probe nonce
   Nonce socket{};              // listener only: its abstract socket's name
   Nonce token{};               // listener only: what the dialer presents on the socket
