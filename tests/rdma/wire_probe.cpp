@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
   std::condition_variable cv;
   std::deque<Done> done;
   ferry::Config config;
+  // Verbs alone: the healthy target shares this guest, where the same-host transport would
+  // otherwise serve it.
+  config.transports = {ferry::TransportKind::kVerbs};
   config.peer_timeout = std::chrono::milliseconds(o.peer_timeout_ms);
   auto engine_owner = std::make_unique<ferry::Engine>(config);
   ferry::Engine& engine = *engine_owner;
