@@ -51,6 +51,9 @@ class ChannelSet {
   void cut_off(const uint8_t* base, uint64_t length, const Status& why) const {
     for (const auto& c : all()) c->cut_off(base, length, why);
   }
+  void revoking(uint32_t region_id) const {
+    for (const auto& c : all()) c->revoking(region_id);
+  }
 
  private:
   std::array<std::shared_ptr<transport::Channel>, kMax> slots_{};

@@ -272,7 +272,8 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
   rec->engine = shared_from_this();
   rec->access = access;
   rec->key = nonzero_random();
-  rec->id = regions_.insert(rec->base, length, access, rec->key);
+  rec->id = regions_.insert(rec->base, length, access, rec->key,
+                            rec->owned.data() != nullptr ? rec->owned.fd() : -1);
 
   Descriptor& d = rec->descriptor;
   d.engine_id = id;
@@ -296,12 +297,7 @@ void EngineImpl::deregister(RegionRecord& record) {
   if (!record.registered.exchange(false)) return;
   // Revocation waits for the operations using the region: their completions must be handled
   // even if nobody waits for them.
-  std::vector<std::shared_ptr<PeerImpl>> peers;
-  {
-    std::lock_guard lock(mu_);
-    peers = peers_;
-  }
-  for (auto& p : peers) {
+  for (auto& p : live_peers()) {
     p->link->pool->unwatched();
     // A receive posted into the region and not yet matched would hold it forever.
     for (OpState* recv : p->link->matcher.take_posted_into(record.id)) {
@@ -312,7 +308,12 @@ void EngineImpl::deregister(RegionRecord& record) {
       });
     }
   }
-  regions_.revoke(record.id, config.revoke_timeout, [&] {
+  // The peers are listed again once the region refuses new accesses: one that arrived in
+  // between may hold it too.
+  auto ask_back = [&] {
+    for (auto& p : live_peers()) p->channels.revoking(record.id);
+  };
+  auto cut_off = [&] {
     Status why{ErrorCode::kRevoked,
                "region " + std::to_string(record.id) + " was deregistered and its accesses " +
                    "did not end within revoke_timeout (" +
@@ -320,7 +321,7 @@ void EngineImpl::deregister(RegionRecord& record) {
                        std::chrono::duration_cast<std::chrono::milliseconds>(config.revoke_timeout)
                            .count()) +
                    " ms)"};
-    for (auto& p : peers) {
+    for (auto& p : live_peers()) {
       // An operation of ours from or into the region waits for this peer: it fails with it.
       if (p->link->pool->posted_uses_region(record.id)) {
         p->close(why);
@@ -328,8 +329,14 @@ void EngineImpl::deregister(RegionRecord& record) {
       }
       p->channels.cut_off(record.base, record.length, why);
     }
-  });
+  };
+  regions_.revoke(record.id, config.revoke_timeout, ask_back, cut_off);
   for (auto& t : transports_) t->deregister_region(record.id);
+}
+
+std::vector<std::shared_ptr<PeerImpl>> EngineImpl::live_peers() const {
+  std::lock_guard lock(mu_);
+  return peers_;
 }
 
 transport::Transport* EngineImpl::transport_of(TransportKind kind) const {

@@ -141,6 +141,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // Peers and peers still joining (mu_ held).
   std::size_t peer_count_locked() const { return peers_.size() + joining_.size(); }
 
+  // The published peers now (a copy: the caller may block).
+  std::vector<std::shared_ptr<PeerImpl>> live_peers() const;
   transport::Transport* transport_of(TransportKind kind) const;
 
   transport::RegionTable regions_;

@@ -151,6 +151,11 @@ class Channel {
   // of it for the peer), it closes with `why`, which fails the access and lets the region go.
   // Asynchronous.
   virtual void cut_off(const uint8_t* base, uint64_t length, const Status& why) = 0;
+  // Region `region_id` is being deregistered and refuses new accesses: a channel that lent it
+  // to the peer for longer than one access (a same-host mapping) asks for it back now; the
+  // deregistration waits for the RegionUse it holds until the peer gave it back, or cuts it off
+  // after Config::revoke_timeout. Asynchronous.
+  virtual void revoking(uint32_t region_id) { (void)region_id; }
 
   MessageCounters messages;  // counted by the transport, read by Peer::stats()
 };

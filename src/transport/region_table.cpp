@@ -7,7 +7,8 @@ namespace ferry::transport {
 
 RegionTable::RegionTable() : slots_(new RegionSlot[kMaxRegions]) {}
 
-uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint64_t key) {
+uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint64_t key,
+                             int backing_fd) {
   uint32_t index;
   {
     std::lock_guard lock(mu_);
@@ -29,17 +30,20 @@ uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint
   slot.length = length;
   slot.access = access;
   slot.key = key;
+  slot.backing_fd = backing_fd;
   slot.id.store(id);
   slot.state.store(RegionSlot::kActive);
   return id;
 }
 
 void RegionTable::revoke(uint32_t id, std::chrono::nanoseconds patience,
+                         const std::function<void()>& revoked,
                          const std::function<void()>& cut_off) {
   uint32_t index = id & (kMaxRegions - 1);
   RegionSlot& slot = slots_[index];
   if (slot.id.load() != id || slot.state.load() != RegionSlot::kActive) return;
   slot.state.store(RegionSlot::kRevoked);
+  revoked();
   // Accesses are usually over within microseconds: yield first, then sleep to spare the CPU.
   auto cut_off_at = std::chrono::steady_clock::now() + patience;
   bool cut = false;

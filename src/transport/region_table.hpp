@@ -29,6 +29,9 @@ struct RegionSlot {
   uint64_t length = 0;
   Access access = Access::kLocal;
   uint64_t key = 0;
+  // The memory file holding exactly this region (Engine::allocate), which a same-host transport
+  // may lend to a peer to map; -1 for memory the engine did not allocate.
+  int backing_fd = -1;
 };
 
 // The outcome of validating one access; holds a use of the region until released.
@@ -52,6 +55,7 @@ class RegionUse {
     if (slot_ != nullptr) slot_->users.fetch_sub(1);
     slot_ = nullptr;
   }
+  const RegionSlot* slot() const { return slot_; }
   // Hands the use to the caller, who must call RegionTable::release(slot) later.
   RegionSlot* detach() {
     RegionSlot* s = slot_;
@@ -73,11 +77,14 @@ class RegionTable {
   RegionTable();
 
   // Returns the new region's id, or throws kResourceExhausted.
-  uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key);
-  // Revokes the region and waits until no access to it is in progress. If accesses are still
-  // going after `patience`, `cut_off` runs once (on this thread) and must make their holders
-  // let go soon; the wait then goes on until they did.
-  void revoke(uint32_t id, std::chrono::nanoseconds patience, const std::function<void()>& cut_off);
+  uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key, int backing_fd = -1);
+  // Revokes the region and waits until no access to it is in progress. `revoked` runs once the
+  // region refuses new accesses, before the wait: holders that keep a use until asked (a peer's
+  // mapping) are asked then. If accesses are still going after `patience`, `cut_off` runs once
+  // (on this thread) and must make their holders let go soon; the wait then goes on until they
+  // did. Both run on this thread.
+  void revoke(uint32_t id, std::chrono::nanoseconds patience, const std::function<void()>& revoked,
+              const std::function<void()>& cut_off);
 
   // Validates an access of [offset, offset + length) wanting `wanted` rights and, on success,
   // stores the address in `*addr` and the use in `use`.

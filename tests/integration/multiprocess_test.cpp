@@ -1,9 +1,12 @@
 // Two processes: which transports are offered across the process boundary. (Transfers, a
 // killed and a hung target are conformance cases: tests/conformance/multiprocess_test.cpp.)
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/pair.hpp"
@@ -81,6 +84,54 @@ TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) 
   Transfer again{&check, 0, &target.descriptor, 0, kSize};
   ASSERT_TRUE(peer.read({&again, 1}).wait(kWait).ok());
   EXPECT_EQ(0, std::memcmp(buf.data(), back.data(), kSize));
+}
+
+// A region the target allocated is lent to us on first use: from then on our writes and reads
+// copy through the mapping on this thread, without the target's CPU, so they complete even while
+// the target process is stopped. When the target dies, the mapping goes with the channel.
+TEST(MultiProcess, AnAllocatedRegionIsCopiedThroughItsMappingWithoutTheTarget) {
+  constexpr std::size_t kSize = 4 << 20;
+  ScopedEnv allocate("FERRY_TEST_ALLOCATE", "1");
+  TargetProcess target(kSize, "shm");
+  ASSERT_FALSE(target.address.empty());
+  SameHostPeer x(target, {TransportKind::kShm});
+  Engine& e = x.engine;
+  Peer& peer = x.peer;
+  EXPECT_EQ(peer.transport(), TransportKind::kShm);
+  std::vector<uint8_t> buf(kSize), back(kSize);
+  Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
+  Region check = e.register_memory(back.data(), kSize, Access::kLocal);
+  Transfer whole{&local, 0, &target.descriptor, 0, kSize};
+  ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());  // through the target; lent with it
+  for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
+
+  ASSERT_EQ(kill(target.pid, SIGSTOP), 0);
+  fill_pattern(buf.data(), kSize, 23);
+  Transfer odd{&local, 5, &target.descriptor, 1001, kSize - 3000};
+  EXPECT_TRUE(peer.write({&odd, 1}).wait(kWait).ok()) << "a stopped target answers no record";
+  Transfer again{&check, 0, &target.descriptor, 1001, kSize - 3000};
+  EXPECT_TRUE(peer.read({&again, 1}).wait(kWait).ok());
+  EXPECT_EQ(0, std::memcmp(buf.data() + 5, back.data(), kSize - 3000));
+  ASSERT_EQ(kill(target.pid, SIGCONT), 0);
+
+  int lent = 0;
+  {
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);)
+      lent += line.find("/memfd:ferry-region") != std::string::npos;
+  }
+  EXPECT_EQ(lent, 1);
+  target.kill_now();
+  // The channel closes on the target's death and unmaps what it lent; the op fails, no hang.
+  ErrorCode code = ErrorCode::kOk;
+  for (int i = 0; i < 400 && code == ErrorCode::kOk; ++i) {
+    code = peer.write({&odd, 1}).wait(kWait).code();
+    if (code == ErrorCode::kOk) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(code, ErrorCode::kPeerLost);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    EXPECT_EQ(line.find("/memfd:ferry-region"), std::string::npos) << line;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //   (defaults: 1 MiB, 127.0.0.1, the default transports; TRANSPORTS: names, comma-separated)
 // With FERRY_TEST_DENY_CROSS_MEMORY=1 in its environment, a seccomp filter refuses the process
 // process_vm_readv/writev (EPERM) once its engine is open, as a container's profile would.
+// With FERRY_TEST_ALLOCATE=1, the region's memory comes from Engine::allocate.
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -65,9 +66,19 @@ int main(int argc, char** argv) {
   ferry::Engine engine(c);
   if (const char* deny = std::getenv("FERRY_TEST_DENY_CROSS_MEMORY"); deny && *deny == '1')
     deny_cross_memory();
-  std::vector<uint8_t> mem(size);
-  for (std::size_t i = 0; i < size; ++i) mem[i] = static_cast<uint8_t>(i * 31 + 7);
-  ferry::Region region = engine.register_memory(mem.data(), size, ferry::Access::kRemoteReadWrite);
+  auto fill = [](uint8_t* bytes, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+  };
+  std::vector<uint8_t> mem;
+  ferry::Region region;
+  if (const char* allocate = std::getenv("FERRY_TEST_ALLOCATE"); allocate && *allocate == '1') {
+    region = engine.allocate(size, ferry::Access::kRemoteReadWrite);
+    fill(static_cast<uint8_t*>(region.data()), size);  // before any peer knows the region
+  } else {
+    mem.resize(size);
+    fill(mem.data(), size);  // before registering: the progress threads read it after that
+    region = engine.register_memory(mem.data(), size, ferry::Access::kRemoteReadWrite);
+  }
   std::cout << "ADDR " << engine.address() << "\nDESC " << region.descriptor().to_string()
             << std::endl;
   char c1;

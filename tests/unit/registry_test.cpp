@@ -36,7 +36,8 @@ TEST(RegionTable, ValidatesEveryAccess) {
             ErrorCode::kUnknownRegion);
   EXPECT_FALSE(use.valid());
 
-  t.revoke(id, std::chrono::seconds(1), [] { ADD_FAILURE() << "nothing held the region"; });
+  t.revoke(
+      id, std::chrono::seconds(1), [] {}, [] { ADD_FAILURE() << "nothing held the region"; });
   EXPECT_EQ(t.acquire(id, 77, 0, 1, Access::kRemoteRead, &addr, use).code(), ErrorCode::kRevoked);
   // The slot is reused under a new id; the old id stays dead.
   uint32_t id2 = t.insert(mem.data(), mem.size(), Access::kRemoteRead, 77);
@@ -62,14 +63,26 @@ TEST(RegionTable, RevokeWaitsForAccessesInProgress) {
   HeldRegion r;
   auto& [t, mem, id, use] = r;
   std::atomic<bool> revoked{false};
+  std::atomic<bool> asked{false};
   std::thread revoker([&] {
-    t.revoke(id, std::chrono::hours(1), [] { ADD_FAILURE() << "cut off before the timeout"; });
+    t.revoke(
+        id, std::chrono::hours(1),
+        [&] {
+          // Holders are asked to let go only once no new access can start.
+          uint8_t* addr = nullptr;
+          RegionUse late;
+          EXPECT_EQ(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, late).code(),
+                    ErrorCode::kRevoked);
+          asked = true;
+        },
+        [] { ADD_FAILURE() << "cut off before the timeout"; });
     revoked = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(revoked.load()) << "revoke returned while the region was in use";
   use.release();
   revoker.join();
+  EXPECT_TRUE(asked.load());
   EXPECT_TRUE(revoked.load());
 }
 
@@ -79,10 +92,12 @@ TEST(RegionTable, AnAccessHeldPastThePatienceIsCutOffOnce) {
   uint8_t* addr = nullptr;
   int cut_offs = 0;
   // The cut-off makes the holder let go, as closing a peer's channel does.
-  t.revoke(id, std::chrono::milliseconds(10), [&] {
-    ++cut_offs;
-    use.release();
-  });
+  t.revoke(
+      id, std::chrono::milliseconds(10), [] {},
+      [&] {
+        ++cut_offs;
+        use.release();
+      });
   EXPECT_EQ(cut_offs, 1);
   EXPECT_EQ(t.acquire(id, 1, 0, 8, Access::kRemoteWrite, &addr, use).code(), ErrorCode::kRevoked);
 }

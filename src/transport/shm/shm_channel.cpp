@@ -78,9 +78,10 @@ ShmChannel::ShmChannel(ChannelArgs args)
       on_closed_(std::move(args.on_closed)),
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
-      answers_(2 * kRequestsInFlight) {}
+      answers_(2 * kRequestsInFlight),
+      controls_(kControlRecords) {}
 
-ShmChannel::~ShmChannel() = default;
+ShmChannel::~ShmChannel() { unmap_all(); }
 
 Status ShmChannel::create(ChannelArgs args, std::shared_ptr<ShmChannel>& out) {
   std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args)));
@@ -94,9 +95,11 @@ Status ShmChannel::create(ChannelArgs args, std::shared_ptr<ShmChannel>& out) {
 
 std::size_t ShmChannel::worst_case_bytes() {
   // The receive buffer, the request being sent, every queued answer at its largest, a pull's
-  // iovecs and region uses, an inline answer's scratch and the grants.
+  // iovecs and region uses, an inline answer's scratch, the grants, the control records and
+  // the regions lent. (Mapped regions cost address space and a descriptor each, not memory.)
   return sizeof(ShmChannel) + 3 * kMaxRecordBytes + 2 * kRequestsInFlight * kMaxRecordBytes +
-         kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Grant);
+         kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Grant) +
+         kControlRecords * sizeof(Control) + kMaxMappings * sizeof(Lent);
 }
 
 Status ShmChannel::listen() {
@@ -243,6 +246,7 @@ Status ShmChannel::start() {
 // ---------------------------------------------------------------- send side
 
 PostResult ShmChannel::post(OpState* op) {
+  if (op->kind != OpKind::kSend && post_mapped(op)) return PostResult::kAccepted;
   Status failed;
   bool queued = false;
   {
@@ -262,8 +266,22 @@ PostResult ShmChannel::post(OpState* op) {
   return queued ? PostResult::kQueued : PostResult::kAccepted;
 }
 
-Status ShmChannel::send_locked(std::span<const uint8_t> record, bool& full) {
-  ssize_t n = ::send(fd_.get(), record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+Status ShmChannel::send_locked(std::span<const uint8_t> record, bool& full, int file) {
+  iovec iov{const_cast<uint8_t*>(record.data()), record.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (file >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &file, sizeof file);
+  }
+  ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   if (n == static_cast<ssize_t>(record.size())) return {};
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     full = true;
@@ -279,6 +297,19 @@ Status ShmChannel::pump_locked() {
   if (send_closed_) return {};
   for (;;) {
     bool full = false;
+    while (control_count_ > 0) {
+      Control& c = controls_[control_head_];
+      if (Status s = send_locked({c.bytes.data(), c.length}, full, c.file.get()); !s.ok()) {
+        return s;
+      }
+      if (full) {
+        arm_locked(true);
+        return {};
+      }
+      c.file.reset();
+      control_head_ = (control_head_ + 1) % controls_.size();
+      --control_count_;
+    }
     while (answer_count_ > 0) {
       if (Status s = send_locked(answers_[answer_head_], full); !s.ok()) return s;
       if (full) {
@@ -331,6 +362,10 @@ void ShmChannel::encode_request_locked(OpState* op) {
       h.payload = static_cast<uint32_t>(e.length);
       if (e.length > 0) std::memcpy(table + kEntryBytes, e.local, e.length);
     }
+  } else if (op->lanes[0].remaining == 0) {
+    // A write_with_imm whose bytes post_mapped copied: only its notification is left.
+    h.type = Record::kImm;
+    h.imm = op->imm;
   } else {
     bool write = op->kind == OpKind::kWrite;
     h.type = write ? Record::kWrite : Record::kRead;
@@ -424,6 +459,26 @@ Status ShmChannel::respond_status(Record type, uint64_t op_id, uint32_t count,
   return respond(h, {}, {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
 }
 
+Status ShmChannel::send_control(const Header& h, const Entry* entry, core::Fd file) {
+  std::lock_guard lock(send_mu_);
+  if (send_closed_) return {};
+  if (control_count_ == controls_.size()) {
+    return {ErrorCode::kResourceExhausted,
+            "shm: the peer lends or returns mappings faster than it reads (" +
+                std::to_string(control_count_) + " records queued)"};
+  }
+  Control& c = controls_[(control_head_ + control_count_) % controls_.size()];
+  put_header(h, c.bytes.data());
+  c.length = kHeaderBytes;
+  if (entry != nullptr) {
+    put_entry(*entry, c.bytes.data() + kHeaderBytes);
+    c.length += kEntryBytes;
+  }
+  c.file = std::move(file);
+  ++control_count_;
+  return pump_locked();
+}
+
 // ---------------------------------------------------------------- receive side
 
 void ShmChannel::on_event(uint32_t events) {
@@ -441,7 +496,29 @@ void ShmChannel::on_event(uint32_t events) {
 Status ShmChannel::receive() {
   std::size_t pulled = 0;
   for (int i = 0; i < kRecordsPerWake && pulled < kPullBytesPerWake; ++i) {
-    ssize_t n = ::recv(fd_.get(), in_.data(), in_.size(), MSG_DONTWAIT | MSG_TRUNC);
+    iovec iov{in_.data(), in_.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    core::Fd file;  // closed unless a kMap record takes it
+    for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+          c->cmsg_len == CMSG_LEN(sizeof(int)) && !file.valid()) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c), sizeof received);
+        file = core::Fd(received);
+      } else {
+        return {ErrorCode::kProtocol, "shm record: unexpected control message"};
+      }
+    }
+    if (n > 0 && (msg.msg_flags & MSG_CTRUNC)) {
+      return {ErrorCode::kProtocol, "shm record: more descriptors than one"};
+    }
     if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
@@ -454,12 +531,22 @@ Status ShmChannel::receive() {
     }
     View v;
     if (Status s = parse({in_.data(), static_cast<std::size_t>(n)}, v); !s.ok()) return s;
-    if (Status s = handle(v, pulled); !s.ok()) return s;
+    if (file.valid() != (v.header.type == Record::kMap)) {
+      return {ErrorCode::kProtocol,
+              "shm record: a descriptor where none belongs, or none with a map"};
+    }
+    if (Status s = v.header.type == Record::kMap ? on_map(v, std::move(file)) : handle(v, pulled);
+        !s.ok()) {
+      return s;
+    }
   }
   return {};  // more to read: epoll reports the socket again, after the loop's other events
 }
 
 Status ShmChannel::handle(const View& r, std::size_t& pulled) {
+  bool bodiless = r.header.type == Record::kImm || r.header.type == Record::kRevoke ||
+                  r.header.type == Record::kUnmapped || r.header.type == Record::kRelease;
+  if (bodiless && !r.payload.empty()) return {ErrorCode::kProtocol, "shm record: stray bytes"};
   switch (r.header.type) {
     case Record::kWrite:
       return on_write(r, pulled);
@@ -469,12 +556,20 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
       return on_send(r, pulled);
     case Record::kRelease:
       return on_release(r);
+    case Record::kImm:
+      host_.deliver_imm(*link_, r.header.imm);  // its bytes were copied before it was sent
+      return respond_status(Record::kAck, r.header.op_id, 1, {});
+    case Record::kRevoke:
+      return on_revoke(r);
+    case Record::kUnmapped:
+      return on_unmapped(r);
     case Record::kAck:
     case Record::kReadData:
     case Record::kGrant:
     case Record::kSendAck:
       return on_answer(r);
     case Record::kHello:
+    case Record::kMap:  // taken with its descriptor in receive()
       break;
   }
   return {ErrorCode::kProtocol, "shm record: hello after set-up"};
@@ -517,6 +612,9 @@ Status ShmChannel::on_write(const View& r, std::size_t& pulled) {
     RegionUse use;  // held while the bytes land: a deregistration waits for it
     Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, e.offset, e.length,
                                        Access::kRemoteWrite, &dst, use);
+    if (s.ok()) {
+      if (Status l = lend(e, use); !l.ok()) return l;
+    }
     if (!s.ok()) {
       if (status.ok())
         status = {s.code(), "write entry " + std::to_string(e.index) + ": " + s.message()};
@@ -565,6 +663,8 @@ Status ShmChannel::on_read(const View& r) {
                                          e.length, Access::kRemoteRead, &src, use);
       if (!s.ok()) {
         status = {s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()};
+      } else if (Status l = lend(e, use); !l.ok()) {
+        return l;
       } else if (e.length > 0) {
         std::memcpy(at, src, e.length);
       }
@@ -592,6 +692,7 @@ Status ShmChannel::on_read(const View& r) {
     return {ErrorCode::kResourceExhausted,
             "shm: the peer holds " + std::to_string(grants_.size()) + " read grants"};
   }
+  if (Status l = lend(e, use); !l.ok()) return l;
   // Held until the peer released it: a deregistration waits for the peer's pull.
   grants_.push_back({next_grant_++, std::move(use), src, e.length});
   e.address = reinterpret_cast<uint64_t>(src);
@@ -777,6 +878,12 @@ void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why
         return;
       }
     }
+    for (const Lent& l : self->lent_) {
+      if (overlaps(l.base, l.length, base, length)) {
+        self->close(why);
+        return;
+      }
+    }
   });
 }
 
@@ -789,8 +896,14 @@ void ShmChannel::stop() {
     send_closed_ = true;
     queue_head_ = queue_tail_ = nullptr;
     answer_count_ = 0;
+    for (; control_count_ > 0; --control_count_) {
+      controls_[control_head_].file.reset();
+      control_head_ = (control_head_ + 1) % controls_.size();
+    }
   }
   grants_.clear();  // the peer pulls no more: the regions may go
+  lent_.clear();    // what it mapped holds memory the engine frees only after deregistration
+  unmap_all();
   host_.reactor().retire(loop_, std::move(keep_alive_));
   report_closed();
 }

@@ -10,6 +10,14 @@
 // cannot touch our memory, and a deregistration waits for every pull and grant (RegionUse).
 // Small payloads ride inside the records.
 //
+// Memory the target's engine allocated (Engine::allocate: a memory file holding exactly the
+// region) is lent instead: on the first access the target sends the file (SCM_RIGHTS), read-only
+// unless the region grants remote write, and the initiator maps it and from then on copies with
+// plain memcpy on the posting thread, without a record or a system call. A deregistration asks
+// for the mapping back (kRevoke) and waits until the peer unmapped it (kUnmapped), or cuts the
+// channel off after Config::revoke_timeout; the engine frees the memory only after that, so a
+// peer that keeps writing into its mapping writes into memory nobody else uses.
+//
 // Set-up (docs/architecture.md, "Same-host transport"): the listener binds an abstract socket
 // with a random name, sent only over the (authenticated) control connection; the dialer
 // connects, and both check the other's pid with SO_PEERCRED and prove cross-memory attach by
@@ -20,11 +28,13 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +54,12 @@ constexpr int kRecordsPerWake = 64;
 // Bytes a channel pulls per wake-up, for the same reason: a peer flooding large writes leaves
 // other peers' small ones a turn after at most this much copying (about 0.1 ms here).
 constexpr std::size_t kPullBytesPerWake = 1 << 20;
+// Regions of one peer mapped at once (each costs a mapping and a file descriptor): the least
+// recently used one is given back to make room. The target lends no more than this either.
+constexpr int kMaxMappings = 32;
+// Records other than requests and answers queued to send: one kMap per region lent, one
+// kRevoke per region lent, one kUnmapped per mapping the peer offered.
+constexpr int kControlRecords = 3 * kMaxMappings;
 
 // Whether this process may call process_vm_readv at all (seccomp, kernel), and why not.
 bool cross_memory_allowed(std::string& why);
@@ -72,6 +88,8 @@ class ShmChannel final : public Channel,
   void stop_after_reactor() override;
   void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
 
+  void revoking(uint32_t region_id) override;
+
   void on_event(uint32_t events) override;
 
  private:
@@ -86,7 +104,8 @@ class ShmChannel final : public Channel,
   // Sends answers owed, then requests while credits last; arms EPOLLOUT when the socket is
   // full. An error closes the channel (the caller, outside the lock).
   Status pump_locked();
-  Status send_locked(std::span<const uint8_t> record, bool& full);
+  // Sends one record, with `file` attached (SCM_RIGHTS) when it is one.
+  Status send_locked(std::span<const uint8_t> record, bool& full, int file = -1);
   // Encodes the queue head's next request into out_.
   void encode_request_locked(OpState* op);
   void arm_locked(bool out);
@@ -94,6 +113,8 @@ class ShmChannel final : public Channel,
   Status respond(const Header& h, std::span<const uint8_t> table = {},
                  std::span<const uint8_t> payload = {});
   Status respond_status(Record type, uint64_t op_id, uint32_t count, const Status& status);
+  // Queues a record of the mapped path (kMap with its file, kRevoke, kUnmapped).
+  Status send_control(const Header& h, const Entry* entry = nullptr, core::Fd fd = {});
 
   // ---- receive side, loop thread ----
   Status receive();
@@ -104,6 +125,18 @@ class ShmChannel final : public Channel,
   Status on_release(const View& r);
   Status on_answer(const View& r);
   Status on_grant(OpState* op, const View& r);
+  // ---- mapped path (shm_mapped.cpp) ----
+  // Copies a write or read whose every entry lies in a region the peer lent us, on this
+  // thread; false when it cannot (nothing copied then).
+  bool post_mapped(OpState* op);
+  // Target: lends the file behind the region `use` holds if it has one, the peer may read it
+  // and does not hold it yet.
+  Status lend(const Entry& e, const RegionUse& use);
+  Status on_map(const View& r, core::Fd file);
+  Status on_revoke(const View& r);
+  Status on_unmapped(const View& r);
+  void unmap_all();
+
   // Pulls `n` pieces from the peer's memory into ours (process_vm_readv).
   Status pull(const iovec* local, const iovec* remote, std::size_t n, uint64_t total) const;
   // The op an answer names, checked against what was asked.
@@ -146,6 +179,13 @@ class ShmChannel final : public Channel,
   std::size_t out_length_ = 0;
   std::vector<std::vector<uint8_t>> answers_;  // a ring of queued answers
   std::size_t answer_head_ = 0, answer_count_ = 0;
+  struct Control {
+    std::array<uint8_t, kHeaderBytes + kEntryBytes> bytes{};
+    std::size_t length = 0;
+    core::Fd file;  // sent with the record
+  };
+  std::vector<Control> controls_;  // a ring of queued control records
+  std::size_t control_head_ = 0, control_count_ = 0;
 
   // Receive side (loop thread).
   std::vector<uint8_t> in_;
@@ -162,6 +202,31 @@ class ShmChannel final : public Channel,
   };
   std::vector<Grant> grants_;
   uint64_t next_grant_ = 1;
+
+  // Regions we lent the peer (loop thread): each holds the region until the peer unmapped it.
+  struct Lent {
+    uint32_t region = 0;
+    RegionUse use;
+    const uint8_t* base = nullptr;
+    uint64_t length = 0;
+  };
+  std::vector<Lent> lent_;
+
+  // Regions the peer lent us. Copiers hold map_mu_ shared while they copy; the loop holds it
+  // alone to map or unmap, so a mapping never goes while a copy uses it.
+  struct Mapping {
+    uint32_t region = 0;  // 0: a free slot
+    uint64_t key = 0;     // the region's shm key, as ops carry it
+    uint8_t* base = nullptr;
+    std::size_t mapped = 0;  // the file's size
+    uint64_t length = 0;     // the region's
+    bool writable = false;
+    std::atomic<uint64_t> last_used{0};
+  };
+  std::shared_mutex map_mu_;
+  std::array<Mapping, kMaxMappings> mappings_;
+  std::atomic<bool> any_mapping_{false};  // lets posts skip the lookups until a first map
+  std::atomic<uint64_t> use_clock_{0};
 };
 
 class ShmTransport final : public Transport {

@@ -29,6 +29,7 @@ bool has_table(Record type) {
     case Record::kSend:
     case Record::kReadData:
     case Record::kGrant:
+    case Record::kMap:
       return true;
     default:
       return false;
@@ -113,7 +114,7 @@ Status parse(std::span<const uint8_t> record, View& out) {
   Header h;
   uint8_t type = load<uint8_t>(p);
   if (type < static_cast<uint8_t>(Record::kHello) ||
-      type > static_cast<uint8_t>(Record::kSendAck)) {
+      type > static_cast<uint8_t>(Record::kUnmapped)) {
     return malformed("type " + std::to_string(type));
   }
   h.type = static_cast<Record>(type);
@@ -124,13 +125,16 @@ Status parse(std::span<const uint8_t> record, View& out) {
   h.tag = load<uint64_t>(p);
   h.imm = load<uint32_t>(p);
   h.payload = load<uint32_t>(p);
-  if ((h.flags & ~(kFlagInline | kFlagImm)) != 0)
+  if ((h.flags & ~(kFlagInline | kFlagImm | kFlagWritable)) != 0 ||
+      ((h.flags & kFlagWritable) != 0 && h.type != Record::kMap)) {
     return malformed("flags " + std::to_string(h.flags));
+  }
   std::size_t table = 0;
   if (has_table(h.type)) {
     if (h.count == 0 || h.count > kMaxEntries)
       return malformed(std::to_string(h.count) + " entries");
-    if ((h.type == Record::kSend || h.type == Record::kGrant) && h.count != 1) {
+    if ((h.type == Record::kSend || h.type == Record::kGrant || h.type == Record::kMap) &&
+        h.count != 1) {
       return malformed(std::to_string(h.count) + " entries where one belongs");
     }
     table = std::size_t{h.count} * kEntryBytes;

@@ -38,11 +38,19 @@ enum class Record : uint8_t {
   kReadData = 7,  // the request's table echoed, then the bytes
   kGrant = 8,     // the request's one entry echoed, `address` = where to pull; grant id `tag`
   kSendAck = 9,   // status, error text
+  // Mapped regions (memory from Engine::allocate, a memory file): the target lends the file.
+  kImm = 10,       // the initiator copied a write_with_imm's bytes into a mapping: deliver `imm`
+  kMap = 11,       // target -> initiator, with the file (SCM_RIGHTS): one entry (region, key,
+                   // length); kFlagWritable when the region grants remote write
+  kRevoke = 12,    // target -> initiator: give region `tag`'s mapping back
+  kUnmapped = 13,  // initiator -> target: it holds no mapping of region `tag` (declined,
+                   // evicted, or given back)
 };
 
 // Header flags.
-constexpr uint8_t kFlagInline = 1;  // the bytes travel in the record
-constexpr uint8_t kFlagImm = 2;     // a write's last record: deliver `imm` once it landed
+constexpr uint8_t kFlagInline = 1;    // the bytes travel in the record
+constexpr uint8_t kFlagImm = 2;       // a write's last record: deliver `imm` once it landed
+constexpr uint8_t kFlagWritable = 4;  // kMap: the peer may map the file writable
 
 struct Header {
   Record type{};
