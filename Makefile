@@ -142,6 +142,7 @@ check-layers:
 
 bench-compare: deps-bench build
 	bash bench/compare_tcp.sh
+	bash bench/compare_shm.sh
 
 format:
 	find include src tools tests bench \( -name '*.cpp' -o -name '*.hpp' \) -print0 | xargs -0 clang-format -i

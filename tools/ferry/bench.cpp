@@ -251,20 +251,27 @@ void refuse_if(bool bad, const std::string& what) {
 // One initiator's session; `imms` counts its immediates.
 void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
   const Peer& peer = mail.peer();
-  // Setup: "<bytes> <send-count> <send-size>" (the last two unused).
-  uint64_t bytes = 0, unused = 0;
-  read_fields(mail.recv(kTagSetup), bytes, unused, unused);
+  // Setup: "<bytes> <allocate> 0": the buffer's size, and 1 for memory from Engine::allocate.
+  uint64_t bytes = 0, allocate = 0, unused = 0;
+  read_fields(mail.recv(kTagSetup), bytes, allocate, unused);
   refuse_if(bytes == 0 || bytes > physical_memory(), "setup: a buffer of " + std::to_string(bytes) +
                                                          " bytes asked for; this host has " +
                                                          human_memory(physical_memory()));
-  std::vector<uint8_t> buf;
-  try {
-    buf.resize(bytes);
-  } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::kResourceExhausted, "setup: cannot allocate " + human_memory(bytes));
+  std::vector<uint8_t> owned;
+  Region region;
+  if (allocate == 1) {
+    region = engine.allocate(bytes, Access::kRemoteReadWrite);
+  } else {
+    try {
+      owned.resize(bytes);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kResourceExhausted, "setup: cannot allocate " + human_memory(bytes));
+    }
   }
+  std::span<uint8_t> buf =
+      allocate == 1 ? std::span(static_cast<uint8_t*>(region.data()), bytes) : std::span(owned);
   fill(buf.data(), bytes, bytes);
-  Region region = engine.register_memory(buf.data(), bytes, Access::kRemoteReadWrite);
+  if (allocate != 1) region = engine.register_memory(buf.data(), bytes, Access::kRemoteReadWrite);
   mail.send(kTagDescriptor, region.descriptor().to_string());
 
   // Serve send(): keep receives posted into rotating slots and check every message.
@@ -418,7 +425,7 @@ struct Initiator {
   Peer peer;
   Descriptor remote;
   uint64_t bytes;
-  std::vector<uint8_t> buf, check_buf;
+  std::span<uint8_t> buf, check_buf;  // in `region` and `check_region`
   Region region, check_region;
   Mailbox& mail;
   bool progress;  // a terminal shows Progress
@@ -657,8 +664,14 @@ struct Initiator {
   // Half round trips of ping-pong writes, with the target answering each one.
   Row pingpong(uint64_t size, int iters) {
     if (2 * size > bytes) throw Error(ErrorCode::kInvalidArgument, "ping-pong: size too large");
-    std::vector<uint8_t> pp(2 * size, 0);
-    Region pp_region = engine.register_memory(pp.data(), pp.size(), Access::kRemoteWrite);
+    // Allocated, the target may be lent it (a mapping needs remote read too); registered, it
+    // only needs remote write.
+    std::vector<uint8_t> owned;
+    if (!o.allocate) owned.resize(2 * size);
+    Region pp_region =
+        o.allocate ? engine.allocate(2 * size, Access::kRemoteReadWrite)
+                   : engine.register_memory(owned.data(), owned.size(), Access::kRemoteWrite);
+    std::span<uint8_t> pp(static_cast<uint8_t*>(pp_region.data()), 2 * size);
     fill(pp.data() + size, size, size + 1);
     auto rounds = static_cast<uint64_t>(iters) + kWarmupIters;
     mail.send(kTagSetup, "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
@@ -753,19 +766,30 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
                 o.transport + " is not available between these peers (see ferry info)");
   }
   uint64_t bytes = buffer_bytes(o);
-  Descriptor remote =
-      Descriptor::parse(mail.request(kTagSetup, std::to_string(bytes) + " 0 0", kTagDescriptor));
+  Descriptor remote = Descriptor::parse(mail.request(
+      kTagSetup, std::to_string(bytes) + (o.allocate ? " 1 0" : " 0 0"), kTagDescriptor));
 
   bool progress = !o.json && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
-  Initiator ini{
-      o,  engine, peer, remote,  bytes, std::vector<uint8_t>(bytes), std::vector<uint8_t>(bytes),
-      {}, {},     mail, progress};
-  ini.region = engine.register_memory(ini.buf.data(), bytes, Access::kLocal);
-  ini.check_region = engine.register_memory(ini.check_buf.data(), bytes, Access::kLocal);
+  Initiator ini{o, engine, peer, remote, bytes, {}, {}, {}, {}, mail, progress};
+  std::vector<uint8_t> owned, owned_check;
+  if (o.allocate) {
+    ini.region = engine.allocate(bytes, Access::kLocal);
+    ini.check_region = engine.allocate(bytes, Access::kLocal);
+  } else {
+    owned.resize(bytes);
+    owned_check.resize(bytes);
+    ini.region = engine.register_memory(owned.data(), bytes, Access::kLocal);
+    ini.check_region = engine.register_memory(owned_check.data(), bytes, Access::kLocal);
+  }
+  ini.buf = {static_cast<uint8_t*>(ini.region.data()), bytes};
+  ini.check_buf = {static_cast<uint8_t*>(ini.check_region.data()), bytes};
   fill(ini.buf.data(), bytes, 7);
 
   if (!o.json) {
-    std::cout << "routes to the peer (" << to_string(peer.reach()) << "):\n";
+    std::cout << "memory: "
+              << (o.allocate ? "allocated by the engines (Engine::allocate)"
+                             : "the bench's own, registered")
+              << "\nroutes to the peer (" << to_string(peer.reach()) << "):\n";
     print_routes(std::cout, peer.routes(), "  ");
     std::printf("\n%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
                 "conc", "p50_us", "p99_us", "MB/s", "ops/s");

@@ -242,6 +242,18 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "Transport: auto (the best both sides have, see ferry info) or one by name (tcp, verbs)")
       ->type_name("NAME")
       ->default_str(o.transport);
+  b.add_option_function<std::string>(
+       "--memory",
+       [&o](const std::string& kind) {
+         if (kind != "register" && kind != "allocate") {
+           bad("--memory", in_quotes(kind) + ": expected register or allocate");
+         }
+         o.allocate = kind == "allocate";
+       },
+       "Buffers: register (the bench's own memory, registered) or allocate (Engine::allocate, "
+       "which a same-host peer maps)")
+      ->type_name("KIND")
+      ->default_str("register");
   add(b, "--iters", o.iters, count(1, kMaxIters),
       "Operations per size (default: about 512 MiB or at least 20)")
       ->type_name("N");

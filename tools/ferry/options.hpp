@@ -30,6 +30,7 @@ struct BenchOptions {
   int batch = 1;
   int concurrency = 1;
   std::string transport = "auto";  // auto (routing decides), or one transport's name
+  bool allocate = false;           // --memory allocate: both sides' buffers from Engine::allocate
   std::optional<int> iters;        // unset: chosen per size
   bool json = false;
   std::string secret;

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Ferry between two processes of this host (the shm transport) side by side with memcpy, one
+# process_vm_readv stream (bench/shm_baselines) and UCX's shared-memory paths, all in one run,
+# printing ratios. Absolute numbers on shared 2-core machines are noisy; the ratios measured
+# together are what docs/performance.md records.
+#   bash bench/compare_shm.sh            (after `make build`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FERRY=${FERRY:-build/release/tools/ferry}
+BASELINES=${BASELINES:-build/release/bench/shm_baselines}
+PORT=${PORT:-15211}
+REPEAT=${REPEAT:-3}
+
+for tool in ucx_perftest python3; do
+  command -v "$tool" >/dev/null || { echo "compare_shm: $tool missing (make deps installs it)"; exit 1; }
+done
+[ -x "$FERRY" ] && [ -x "$BASELINES" ] || { echo "compare_shm: run 'make build' first"; exit 1; }
+
+cleanup() { kill $(jobs -p) 2>/dev/null || true; }
+trap cleanup EXIT
+
+# UCX bandwidth in MB/s: UCX_TLS, test, size.
+ucx_bw() {
+  UCX_TLS=$1 ucx_perftest -p "$PORT" >/dev/null 2>&1 &
+  sleep 0.5
+  UCX_TLS=$1 ucx_perftest 127.0.0.1 -p "$PORT" -t "$2" -s "$3" -n $((2000 * 1048576 / $3 + 20)) -w 20 \
+    2>/dev/null | awk '/Final:/ {print $(NF-2)}' | tail -1
+  wait
+}
+# One field of ferry bench's JSON lines: json-lines op size field.
+pick() {
+  echo "$1" | python3 -c "
+import json,sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if r.get('op') == '$2' and r.get('size') == $3 and 'mb_per_s' in r: print(r['$4'])"
+}
+
+M1=1048576 M16=16777216 M64=67108864
+rows=""
+for run in $(seq 1 "$REPEAT"); do
+  base=$("$BASELINES" $M1 $M16 $M64)
+  b() { echo "$base" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+  # Mapped (memory from Engine::allocate): one op at a time, as memcpy runs.
+  mapped=$("$FERRY" bench --transport shm --memory allocate --op write,read --sizes $M1,$M64 --json)
+  # Any registered memory (process_vm_readv): one op at a time at 64 MiB.
+  cma=$("$FERRY" bench --transport shm --op write,read --sizes $M64 --json)
+  # Against UCX's bandwidth tests, which keep a window of messages in flight from one buffer
+  # into one buffer: 8 in flight, all on the first area (--same-area).
+  win_map=$("$FERRY" bench --transport shm --memory allocate --op write,send --sizes $M1,$M16 \
+    --concurrency 8 --same-area --json)
+  win_cma=$("$FERRY" bench --transport shm --op write,send --sizes $M1,$M16 --concurrency 8 \
+    --same-area --json)
+  lat=$("$FERRY" bench --transport shm --memory allocate --op write,pingpong --sizes 8 --json)
+  ucx=""
+  for s in $M1 $M16; do
+    best=0
+    for tls in posix cma,tcp; do
+      for t in tag_bw ucp_am_bw; do
+        v=$(ucx_bw "$tls" "$t" "$s"); v=${v:-0}
+        best=$(python3 -c "print(max($best, $v))")
+      done
+    done
+    ucx+=" $best"
+  done
+  rows+="$run $(b memcpy_${M1}_mbs) $(b memcpy_${M64}_mbs) $(b cma_${M64}_mbs)"
+  rows+=" $(pick "$mapped" write $M1 mb_per_s) $(pick "$mapped" read $M1 mb_per_s)"
+  rows+=" $(pick "$mapped" write $M64 mb_per_s) $(pick "$mapped" read $M64 mb_per_s)"
+  rows+=" $(pick "$cma" write $M64 mb_per_s) $(pick "$cma" read $M64 mb_per_s)"
+  for s in $M1 $M16; do
+    rows+=" $(pick "$win_map" write $s mb_per_s) $(pick "$win_cma" write $s mb_per_s)"
+    rows+=" $(pick "$win_cma" send $s mb_per_s)"
+  done
+  rows+="$ucx $(pick "$lat" write 8 p50_us) $(pick "$lat" pingpong 8 p50_us)"$'\n'
+done
+
+echo "$rows" | python3 -c '
+import statistics, sys
+runs = [list(map(float, l.split()[1:])) for l in sys.stdin if l.strip()]
+(MC1, MC64, CMA64, MW1, MR1, MW64, MR64, CW64, CR64,
+ XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP) = range(19)
+def med(i): return statistics.median(r[i] for r in runs)
+def ratio(a, b): return statistics.median(r[a] / r[b] for r in runs if r[b] > 0)
+rows = [
+    ("mapped write 1 MiB vs memcpy 1 MiB", MW1, MC1),
+    ("mapped read 1 MiB vs memcpy 1 MiB", MR1, MC1),
+    ("mapped write 64 MiB vs memcpy 64 MiB", MW64, MC64),
+    ("mapped read 64 MiB vs memcpy 64 MiB", MR64, MC64),
+    ("cma write 64 MiB vs one process_vm_readv", CW64, CMA64),
+    ("cma read 64 MiB vs one process_vm_readv", CR64, CMA64),
+    ("mapped write 1 MiB x8 vs UCX best", XMW1, U1),
+    ("cma write 1 MiB x8 vs UCX best", XCW1, U1),
+    ("send 1 MiB x8 vs UCX best", XS1, U1),
+    ("mapped write 16 MiB x8 vs UCX best", XMW16, U16),
+    ("cma write 16 MiB x8 vs UCX best", XCW16, U16),
+    ("send 16 MiB x8 vs UCX best", XS16, U16),
+]
+print(f"medians of {len(runs)} runs (MB/s); ratio = median of per-run ratios")
+print("%-44s %10s %10s %7s" % ("measurement", "ferry", "peer", "ratio"))
+for name, a, b in rows:
+    print(f"{name:<44} {med(a):>10.1f} {med(b):>10.1f} {ratio(a, b):>7.2f}")
+print("UCX best = the higher of tag_bw and ucp_am_bw with UCX_TLS=posix and UCX_TLS=cma,tcp")
+print(f"mapped write 8 B p50 {med(LATW):.2f} us; write ping-pong 8 B p50 (half round trip) {med(LATPP):.2f} us")
+'
