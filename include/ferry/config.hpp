@@ -67,6 +67,10 @@ struct ShmConfig {
   // kernel's ptrace check), so Ferry's region checks guard against mistakes and stale
   // descriptors, not against a hostile process of the same user.
   bool cross_memory = true;
+  // Threads besides the progress thread that split one large copy (from 512 KiB) into parts
+  // copied at once. Measured on a 2-core VM at 64 MiB: one process_vm_readv stream 6.5 GB/s,
+  // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
+  int copy_threads = 1;
 };
 
 struct Config {

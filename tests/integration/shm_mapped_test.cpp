@@ -1,5 +1,7 @@
-// The same-host channel's mapped path: regions from Engine::allocate are lent to the peer, which
-// maps their memory file and copies with memcpy; deregistration takes the mapping back first.
+// The same-host channel beyond what every transport's conformance cases check: the mapped path
+// (regions from Engine::allocate are lent to the peer, which maps their memory file and copies
+// with memcpy; deregistration takes the mapping back first), and large messages held by the
+// receiver until a receive is posted.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -192,6 +194,40 @@ TEST(ShmMapped, MoreRegionsThanMappingsEvictTheLeastRecentlyUsed) {
   // Every region goes, lent or given back.
   targets.clear();
   EXPECT_EQ(memory_files().all, before);
+}
+
+// More large messages than requests in flight (32), each beyond the unexpected-message limit,
+// with no receive posted: each is held (only its announcement counts), the sender's other
+// requests go on, and posted receives then take them whole.
+TEST(ShmMessages, LargeSendsWithNoReceivePostedWaitWithoutBufferingOrBlocking) {
+  Config c = shm_config();
+  c.max_unexpected_bytes = 64 << 10;
+  Pair p(c, c);
+  constexpr int kSends = 40;
+  constexpr std::size_t kSize = 256 << 10;
+  Region source = p.initiator.allocate(kSize * kSends, Access::kLocal);
+  fill_pattern(bytes_of(source), kSize * kSends, 8);
+  std::vector<Future> sends;
+  for (int i = 0; i < kSends; ++i) sends.push_back(p.peer.send(7, source, i * kSize, kSize));
+  // A write behind them completes: the held sends gave their credits back.
+  Region target = p.target.allocate(kSize, Access::kRemoteReadWrite);
+  Descriptor d = target.descriptor();
+  Transfer w{&source, 0, &d, 0, kSize};
+  ASSERT_TRUE(p.peer.write({&w, 1}).wait(kWait).ok());
+  for (const Future& f : sends) EXPECT_FALSE(f.test()) << "no receive was posted";
+  // Only the announcements count (128 bytes each), not the bytes.
+  EXPECT_LE(p.target_peer.stats().unexpected_bytes, kSends * 128u);
+
+  Region into = p.target.allocate(kSize * kSends, Access::kLocal);
+  std::vector<Future> recvs;
+  for (int i = 0; i < kSends; ++i) recvs.push_back(p.target_peer.recv(7, into, i * kSize, kSize));
+  for (int i = 0; i < kSends; ++i) {
+    ASSERT_TRUE(recvs[i].wait(kWait).ok()) << i;
+    ASSERT_TRUE(sends[i].wait(kWait).ok()) << i;
+    EXPECT_EQ(recvs[i].bytes(), kSize);
+  }
+  EXPECT_EQ(0, std::memcmp(bytes_of(source), bytes_of(into), kSize * kSends)) << "in tag order";
+  EXPECT_EQ(p.target_peer.stats().unexpected_bytes, 0u);
 }
 
 }  // namespace

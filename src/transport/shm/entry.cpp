@@ -10,8 +10,12 @@ std::unique_ptr<Transport> open(const Config& config, std::string& why) {
     why = "cross-memory attach is off (Config::shm.cross_memory)";
     return nullptr;
   }
+  if (config.shm.copy_threads < 0 || config.shm.copy_threads > shm::kMaxCopyThreads) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "config: shm.copy_threads must be 0.." + std::to_string(shm::kMaxCopyThreads));
+  }
   if (!shm::cross_memory_allowed(why)) return nullptr;
-  return std::make_unique<shm::ShmTransport>();
+  return std::make_unique<shm::ShmTransport>(config.shm.copy_threads);
 }
 
 TransportInfo describe() {

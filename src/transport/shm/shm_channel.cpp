@@ -72,8 +72,9 @@ bool cross_memory_allowed(std::string& why) {
   return false;
 }
 
-ShmChannel::ShmChannel(ChannelArgs args)
+ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool)
     : host_(args.host),
+      pool_(std::move(pool)),
       link_(std::move(args.link)),
       on_closed_(std::move(args.on_closed)),
       dialer_(args.dialer),
@@ -83,8 +84,9 @@ ShmChannel::ShmChannel(ChannelArgs args)
 
 ShmChannel::~ShmChannel() { unmap_all(); }
 
-Status ShmChannel::create(ChannelArgs args, std::shared_ptr<ShmChannel>& out) {
-  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args)));
+Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
+                          std::shared_ptr<ShmChannel>& out) {
+  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args), std::move(pool)));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -577,16 +579,7 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
 
 Status ShmChannel::pull(const iovec* local, const iovec* remote, std::size_t n,
                         uint64_t total) const {
-  ssize_t got = ::process_vm_readv(peer_pid_, local, n, remote, n, 0);
-  if (got == static_cast<ssize_t>(total)) return {};
-  if (got < 0) {
-    return core::sys_status("process_vm_readv", errno,
-                            errno == ESRCH ? ErrorCode::kPeerLost : ErrorCode::kSystem);
-  }
-  // The kernel stops at the first piece it cannot read whole.
-  return {ErrorCode::kSystem, "process_vm_readv: " + std::to_string(got) + " of " +
-                                  std::to_string(total) +
-                                  " bytes (the peer named memory it does not have)"};
+  return pool_->pull(peer_pid_, local, remote, n, total);
 }
 
 Status ShmChannel::on_write(const View& r, std::size_t& pulled) {
@@ -718,6 +711,21 @@ Status ShmChannel::on_release(const View& r) {
   return {};
 }
 
+namespace {
+// A large message that found no receive posted: its bytes stay with the sender until one is.
+struct HeldSend final : Rendezvous {
+  HeldSend(std::weak_ptr<ShmChannel> channel, uint64_t op_id, uint64_t tag, const Entry& e)
+      : channel(std::move(channel)), op_id(op_id), tag(tag), entry(e) {}
+  void matched(OpState* recv) override {
+    // Without the channel the peer is gone: the receive fails with it.
+    if (auto c = channel.lock()) c->taken_later(op_id, tag, entry, recv);
+  }
+  std::weak_ptr<ShmChannel> channel;
+  uint64_t op_id, tag;
+  Entry entry;
+};
+}  // namespace
+
 Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
   const Header& h = r.header;
   Entry e = r.entry(0);
@@ -725,43 +733,64 @@ Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
   if (inline_bytes ? r.payload.size() != e.length : !r.payload.empty()) {
     return {ErrorCode::kProtocol, "shm send: its length and its bytes disagree"};
   }
+  if (!inline_bytes) {
+    // Rendezvous: only the announcement is held (counted like an empty message) until a
+    // receive is posted, then the bytes are pulled straight into it.
+    Status refused;
+    OpState* recv = link_->matcher.announce(
+        h.tag, 0, std::make_shared<HeldSend>(weak_from_this(), h.op_id, h.tag, e), refused);
+    if (!refused.ok()) return respond_status(Record::kSendAck, h.op_id, 1, refused);
+    if (recv == nullptr) {
+      // Held: the sender gets its credit back, so that its other requests go on meanwhile.
+      return respond_status(Record::kSendAck, h.op_id, 1, {ErrorCode::kInProgress, ""});
+    }
+    return into_receive(recv, h.op_id, h.tag, e, nullptr, pulled);
+  }
   Matcher::Arrival a = link_->matcher.arrive(h.tag, e.length);
   if (!a.error.ok()) return respond_status(Record::kSendAck, h.op_id, 1, a.error);
-  auto place = [&](uint8_t* dst, uint64_t n) -> Status {
-    if (n == 0) return {};
-    if (inline_bytes) {
-      std::memcpy(dst, r.payload.data(), n);
-      return {};
-    }
-    iovec local{dst, n}, remote{peer_address(e.address), n};
-    pulled += n;
-    return pull(&local, &remote, 1, n);
-  };
-  if (a.recv != nullptr) {
-    const OpEntry& dst = a.recv->entries[0];
-    Status s = place(dst.local, std::min(e.length, dst.length));
-    Status answer = s;
-    if (s.ok() && e.length > dst.length) answer = Matcher::truncated_send(h.tag, dst.length);
-    // The ack is queued before the receiver can run: anything it sends next goes out after it.
-    Status queued = respond_status(Record::kSendAck, h.op_id, 1, answer);
-    if (s.ok()) {
-      messages.received.fetch_add(1, std::memory_order_relaxed);
-      Matcher::settle(a.recv, e.length);
-    } else {
-      a.recv->record_error(s);
-    }
-    a.recv->finish_posted();
-    return queued;
-  }
-  std::vector<uint8_t> buffer(e.length);  // counted by the matcher before it was allocated
-  if (Status s = place(buffer.data(), e.length); !s.ok()) {
-    link_->matcher.abandon(e.length);
-    return respond_status(Record::kSendAck, h.op_id, 1, s);
-  }
+  if (a.recv != nullptr) return into_receive(a.recv, h.op_id, h.tag, e, r.payload.data(), pulled);
+  std::vector<uint8_t> buffer(r.payload.begin(), r.payload.end());  // counted by the matcher
   Status queued = respond_status(Record::kSendAck, h.op_id, 1, {});
   messages.received.fetch_add(1, std::memory_order_relaxed);
   link_->matcher.commit(h.tag, std::move(buffer));
   return queued;
+}
+
+Status ShmChannel::into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
+                                const uint8_t* inline_bytes, std::size_t& pulled) {
+  const OpEntry& dst = recv->entries[0];
+  uint64_t n = std::min(e.length, dst.length);
+  Status s;
+  if (n > 0 && inline_bytes != nullptr) {
+    std::memcpy(dst.local, inline_bytes, n);
+  } else if (n > 0) {
+    iovec local{dst.local, n}, remote{peer_address(e.address), n};
+    pulled += n;
+    s = pull(&local, &remote, 1, n);
+  }
+  Status answer = s;
+  if (s.ok() && e.length > dst.length) answer = Matcher::truncated_send(tag, dst.length);
+  // The ack is queued before the receiver can run: anything it sends next goes out after it.
+  Status queued = respond_status(Record::kSendAck, op_id, 1, answer);
+  if (s.ok()) {
+    messages.received.fetch_add(1, std::memory_order_relaxed);
+    Matcher::settle(recv, e.length);
+  } else {
+    recv->record_error(s);
+  }
+  recv->finish_posted();
+  return queued;
+}
+
+void ShmChannel::taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv) {
+  link_->matcher.release(0);
+  host_.reactor().post(loop_, [self = shared_from_this(), op_id, tag, e, recv] {
+    if (self->stopped_) return;  // closing fails the receive with the peer's other ops
+    std::size_t pulled = 0;
+    if (Status s = self->into_receive(recv, op_id, tag, e, nullptr, pulled); !s.ok()) {
+      self->close(s);
+    }
+  });
 }
 
 OpState* ShmChannel::answered_op(const View& r, Status& error) const {
@@ -808,6 +837,16 @@ Status ShmChannel::on_answer(const View& r) {
   Status error;
   OpState* op = answered_op(r, error);
   if (op == nullptr) return error;
+  if (h.type == Record::kSendAck && h.status == static_cast<uint16_t>(ErrorCode::kInProgress)) {
+    // Held until the peer posts a receive: the credit comes back now, the op stays.
+    if (op->peer_token != 0 || !r.payload.empty()) {
+      return {ErrorCode::kProtocol, "shm: send " + std::to_string(h.op_id) + " held twice"};
+    }
+    op->peer_token = 1;
+    std::lock_guard lock(send_mu_);
+    if (Status s = take_credit_back_locked(); !s.ok()) return s;
+    return pump_locked();
+  }
   if (h.status != 0) {
     op->record_error(
         {static_cast<ErrorCode>(h.status),
@@ -840,16 +879,23 @@ Status ShmChannel::on_answer(const View& r) {
     release.tag = h.tag;
     if (Status q = respond(release); !q.ok()) return q;
   }
-  {
+  // A held send's credit came back with its first answer. The credit comes back before the op
+  // completes: a caller that posts again at once finds none of its requests on the wire.
+  if (!(h.type == Record::kSendAck && op->peer_token != 0)) {
     std::lock_guard lock(send_mu_);
-    if (credits_ == kRequestsInFlight) {
-      return {ErrorCode::kProtocol, "shm: more answers than requests"};
-    }
-    ++credits_;
+    if (Status s = take_credit_back_locked(); !s.ok()) return s;
   }
   if (op->finish_slices(answered_slices(h))) op->finish_posted();
   std::lock_guard lock(send_mu_);
   return pump_locked();
+}
+
+Status ShmChannel::take_credit_back_locked() {
+  if (credits_ == kRequestsInFlight) {
+    return {ErrorCode::kProtocol, "shm: more answers than requests"};
+  }
+  ++credits_;
+  return {};
 }
 
 // ---------------------------------------------------------------- closing
@@ -934,7 +980,7 @@ void ShmChannel::report_closed() {
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
-  if (Status s = ShmChannel::create(std::move(args), channel); !s.ok()) return s;
+  if (Status s = ShmChannel::create(std::move(args), pool_, channel); !s.ok()) return s;
   out = std::move(channel);
   return {};
 }

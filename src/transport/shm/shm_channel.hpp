@@ -40,6 +40,7 @@
 
 #include "core/net.hpp"
 #include "transport/contract.hpp"
+#include "transport/shm/copy_pool.hpp"
 #include "transport/shm/shm_wire.hpp"
 
 namespace ferry::transport::shm {
@@ -68,7 +69,8 @@ class ShmChannel final : public Channel,
                          public core::Reactor::Handler,
                          public std::enable_shared_from_this<ShmChannel> {
  public:
-  static Status create(ChannelArgs args, std::shared_ptr<ShmChannel>& out);
+  static Status create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
+                       std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
   static std::size_t worst_case_bytes();
@@ -91,9 +93,11 @@ class ShmChannel final : public Channel,
   void revoking(uint32_t region_id) override;
 
   void on_event(uint32_t events) override;
+  // A held message was matched by a receive (Rendezvous::matched; any thread).
+  void taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv);
 
  private:
-  explicit ShmChannel(ChannelArgs args);
+  ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
@@ -109,6 +113,8 @@ class ShmChannel final : public Channel,
   // Encodes the queue head's next request into out_.
   void encode_request_locked(OpState* op);
   void arm_locked(bool out);
+  // An answer gave back a request's credit.
+  Status take_credit_back_locked();
   // Queues an answer (loop thread).
   Status respond(const Header& h, std::span<const uint8_t> table = {},
                  std::span<const uint8_t> payload = {});
@@ -122,6 +128,10 @@ class ShmChannel final : public Channel,
   Status on_write(const View& r, std::size_t& pulled);
   Status on_read(const View& r);
   Status on_send(const View& r, std::size_t& pulled);
+  // Fills a posted receive with a message (its bytes inline, else pulled), answers the sender
+  // and completes the receive.
+  Status into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
+                      const uint8_t* inline_bytes, std::size_t& pulled);
   Status on_release(const View& r);
   Status on_answer(const View& r);
   Status on_grant(OpState* op, const View& r);
@@ -137,7 +147,8 @@ class ShmChannel final : public Channel,
   Status on_unmapped(const View& r);
   void unmap_all();
 
-  // Pulls `n` pieces from the peer's memory into ours (process_vm_readv).
+  // Pulls `n` pieces from the peer's memory into ours (process_vm_readv), large ones split
+  // over the copy pool.
   Status pull(const iovec* local, const iovec* remote, std::size_t n, uint64_t total) const;
   // The op an answer names, checked against what was asked.
   OpState* answered_op(const View& r, Status& error) const;
@@ -145,6 +156,7 @@ class ShmChannel final : public Channel,
   void report_closed();
 
   Host& host_;
+  std::shared_ptr<CopyPool> pool_;
   std::shared_ptr<PeerLink> link_;
   std::function<void(const Status&)> on_closed_;
   const bool dialer_;
@@ -231,6 +243,7 @@ class ShmChannel final : public Channel,
 
 class ShmTransport final : public Transport {
  public:
+  explicit ShmTransport(int copy_threads) : pool_(std::make_shared<CopyPool>(copy_threads)) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -240,6 +253,9 @@ class ShmTransport final : public Transport {
   }
   void deregister_region(uint32_t) override {}
   Status make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) override;
+
+ private:
+  std::shared_ptr<CopyPool> pool_;  // shared with the channels, which may outlive this
 };
 
 }  // namespace ferry::transport::shm

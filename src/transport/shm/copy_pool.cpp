@@ -1,0 +1,142 @@
+#include "transport/shm/copy_pool.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+#include "core/sys.hpp"
+
+namespace ferry::transport::shm {
+
+Status pull_once(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
+                 uint64_t total) {
+  ssize_t got = ::process_vm_readv(pid, local, n, remote, n, 0);
+  if (got == static_cast<ssize_t>(total)) return {};
+  if (got < 0) {
+    return core::sys_status("process_vm_readv", errno,
+                            errno == ESRCH ? ErrorCode::kPeerLost : ErrorCode::kSystem);
+  }
+  // The kernel stops at the first piece it cannot read whole.
+  return {ErrorCode::kSystem, "process_vm_readv: " + std::to_string(got) + " of " +
+                                  std::to_string(total) +
+                                  " bytes (the peer named memory it does not have)"};
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void CopyPool::start_locked() {
+  if (started_) return;
+  started_ = true;
+  parts_ = std::vector<Part>(static_cast<std::size_t>(2 * helpers_));
+  for (int i = 0; i < helpers_; ++i) threads_.emplace_back([this] { run(); });
+}
+
+Status CopyPool::pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
+                      uint64_t total) {
+  auto wanted = static_cast<int>(
+      std::min<uint64_t>(static_cast<uint64_t>(helpers_) + 1, total / kMinPartBytes));
+  if (wanted < 2 || n + static_cast<std::size_t>(wanted) > kMaxPieces) {
+    return pull_once(pid, local, remote, n, total);
+  }
+  Call call;
+  Part mine;
+  std::array<Part*, kMaxCopyThreads> queued{};
+  int count = 0;
+  {
+    std::unique_lock lock(mu_);
+    start_locked();
+    for (Part& p : parts_) {
+      if (count + 1 == wanted) break;
+      if (p.call == nullptr) queued[static_cast<std::size_t>(count++)] = &p;
+    }
+    // Cut the pieces into count + 1 parts of about equal bytes; the first is the caller's.
+    const int parts = count + 1;
+    std::size_t i = 0;
+    uint64_t at = 0;  // bytes of piece i already given to a part
+    uint64_t left = total;
+    for (int k = 0; k < parts; ++k) {
+      Part& part = k == 0 ? mine : *queued[static_cast<std::size_t>(k - 1)];
+      uint64_t want = k + 1 == parts ? left : total / static_cast<uint64_t>(parts);
+      left -= want;
+      part.pid = pid;
+      part.n = 0;
+      part.bytes = want;
+      while (want > 0 && i < n) {
+        uint64_t take = std::min<uint64_t>(local[i].iov_len - at, want);
+        if (take > 0) {
+          part.local[part.n] = {static_cast<uint8_t*>(local[i].iov_base) + at, take};
+          part.remote[part.n] = {static_cast<uint8_t*>(remote[i].iov_base) + at, take};
+          ++part.n;
+        }
+        want -= take;
+        at += take;
+        if (at == local[i].iov_len) {
+          ++i;
+          at = 0;
+        }
+      }
+      if (k > 0) {
+        part.taken = false;
+        part.call = &call;
+      }
+    }
+    call.left = count;
+  }
+  work_.notify_all();
+  Status status = pull_once(pid, mine.local.data(), mine.remote.data(), mine.n, mine.bytes);
+  // Parts no helper took yet (all busy with other channels' copies): copied here.
+  for (int k = 0; k < count; ++k) {
+    Part& part = *queued[static_cast<std::size_t>(k)];
+    {
+      std::lock_guard lock(mu_);
+      if (part.call != &call || part.taken) continue;
+      part.taken = true;
+    }
+    copy(part);
+  }
+  std::unique_lock lock(mu_);
+  done_.wait(lock, [&] { return call.left == 0; });
+  return status.ok() ? call.failed : status;
+}
+
+void CopyPool::copy(Part& part) {
+  Status s = pull_once(part.pid, part.local.data(), part.remote.data(), part.n, part.bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (!s.ok() && part.call->failed.ok()) part.call->failed = std::move(s);
+    --part.call->left;
+    part.call = nullptr;
+  }
+  done_.notify_all();
+}
+
+void CopyPool::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    Part* next = nullptr;
+    for (Part& p : parts_) {
+      if (p.call != nullptr && !p.taken) {
+        next = &p;
+        break;
+      }
+    }
+    if (next == nullptr) {
+      if (stop_) return;
+      work_.wait(lock);
+      continue;
+    }
+    next->taken = true;
+    lock.unlock();
+    copy(*next);
+    lock.lock();
+  }
+}
+
+}  // namespace ferry::transport::shm

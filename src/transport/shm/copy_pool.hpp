@@ -1,0 +1,74 @@
+// Threads that split one large process_vm_readv into parts copied at once: one stream of
+// process_vm_readv moves about 6.5 GB/s here at 64 MiB, two streams about 10 (docs/performance.md),
+// as each page walk and copy runs on its own core. The caller copies one part itself and waits
+// for the rest; a part no helper took yet it takes back, so a busy pool never makes it wait
+// behind other channels' copies. Helpers start on first use and sleep when idle.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ferry/error.hpp"
+
+namespace ferry::transport::shm {
+
+// The least a part holds: below it, waking a helper (~10 us here) costs more than it saves.
+constexpr std::size_t kMinPartBytes = 256 << 10;
+// The most helpers an engine may ask for (ShmConfig::copy_threads).
+constexpr int kMaxCopyThreads = 16;
+
+// One process_vm_readv of `n` pieces from `pid`, pairwise of equal lengths, `total` bytes.
+Status pull_once(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total);
+
+class CopyPool {
+ public:
+  explicit CopyPool(int helpers) : helpers_(helpers) {}
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  // pull_once, split into up to helpers + 1 parts of at least kMinPartBytes. Any thread; the
+  // first failure is returned (a failed part's bytes are not all there).
+  Status pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total);
+
+ private:
+  // The most pieces one part holds: a whole request (256) plus the cut ones.
+  static constexpr std::size_t kMaxPieces = 256 + kMaxCopyThreads + 1;
+  struct Call;
+  struct Part {
+    Call* call = nullptr;  // null: a free slot
+    bool taken = false;    // a thread copies it
+    pid_t pid = 0;
+    std::size_t n = 0;
+    uint64_t bytes = 0;
+    std::array<iovec, kMaxPieces> local{};
+    std::array<iovec, kMaxPieces> remote{};
+  };
+  struct Call {
+    int left = 0;  // parts not finished, under mu_
+    Status failed;
+  };
+  void start_locked();
+  void run();
+  void copy(Part& part);  // then marks it done and frees the slot
+
+  const int helpers_;
+  std::mutex mu_;
+  std::condition_variable work_;  // helpers: a part was queued, or stop
+  std::condition_variable done_;  // callers: a part finished
+  std::vector<Part> parts_;       // slots, sized on start: helpers x 2
+  bool started_ = false;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ferry::transport::shm
