@@ -43,6 +43,19 @@ TEST(CopyPool, SplitPullsLandEveryByteWhereAskedWithAnyNumberOfHelpers) {
   }
 }
 
+TEST(CopyPool, LargeCopiesWithinTheProcessAreSplitToo) {
+  std::vector<uint8_t> from((std::size_t{3} * kMinMemcpyPartBytes) + 11), to(from.size() + 2);
+  for (std::size_t i = 0; i < from.size(); ++i) from[i] = static_cast<uint8_t>(i * 7 + i / 65537);
+  for (int helpers : {0, 2}) {
+    CopyPool pool(helpers);
+    std::memset(to.data(), 0, to.size());
+    pool.copy(to.data() + 1, from.data(), from.size());
+    EXPECT_EQ(0, std::memcmp(from.data(), to.data() + 1, from.size())) << helpers;
+    EXPECT_EQ(to.front(), 0) << "nothing before";
+    EXPECT_EQ(to.back(), 0) << "nothing after";
+  }
+}
+
 TEST(CopyPool, CallersFromManyThreadsShareItAndAFailedPartFailsItsCall) {
   CopyPool pool(2);
   constexpr std::size_t kSize = 3 << 20;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "core/sys.hpp"
@@ -40,10 +41,33 @@ void CopyPool::start_locked() {
 
 Status CopyPool::pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
                       uint64_t total) {
-  auto wanted = static_cast<int>(
-      std::min<uint64_t>(static_cast<uint64_t>(helpers_) + 1, total / kMinPartBytes));
+  return split(pid, local, remote, n, total, kMinPartBytes);
+}
+
+void CopyPool::copy(void* dst, const void* src, std::size_t n) {
+  iovec to{dst, n}, from{const_cast<void*>(src), n};
+  (void)split(0, &to, &from, 1, n, kMinMemcpyPartBytes);  // a memcpy does not fail
+}
+
+Status CopyPool::run_part(const Part& part) {
+  if (part.pid != 0) {
+    return pull_once(part.pid, part.local.data(), part.remote.data(), part.n, part.bytes);
+  }
+  for (std::size_t i = 0; i < part.n; ++i) {
+    std::memcpy(part.local[i].iov_base, part.remote[i].iov_base, part.local[i].iov_len);
+  }
+  return {};
+}
+
+Status CopyPool::split(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
+                       uint64_t total, std::size_t min_part) {
+  auto wanted =
+      static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(helpers_) + 1, total / min_part));
   if (wanted < 2 || n + static_cast<std::size_t>(wanted) > kMaxPieces) {
-    return pull_once(pid, local, remote, n, total);
+    if (pid != 0) return pull_once(pid, local, remote, n, total);
+    for (std::size_t i = 0; i < n; ++i)
+      std::memcpy(local[i].iov_base, remote[i].iov_base, local[i].iov_len);
+    return {};
   }
   Call call;
   Part mine;
@@ -90,7 +114,7 @@ Status CopyPool::pull(pid_t pid, const iovec* local, const iovec* remote, std::s
     call.left = count;
   }
   work_.notify_all();
-  Status status = pull_once(pid, mine.local.data(), mine.remote.data(), mine.n, mine.bytes);
+  Status status = run_part(mine);
   // Parts no helper took yet (all busy with other channels' copies): copied here.
   for (int k = 0; k < count; ++k) {
     Part& part = *queued[static_cast<std::size_t>(k)];
@@ -107,7 +131,7 @@ Status CopyPool::pull(pid_t pid, const iovec* local, const iovec* remote, std::s
 }
 
 void CopyPool::copy(Part& part) {
-  Status s = pull_once(part.pid, part.local.data(), part.remote.data(), part.n, part.bytes);
+  Status s = run_part(part);
   {
     std::lock_guard lock(mu_);
     if (!s.ok() && part.call->failed.ok()) part.call->failed = std::move(s);

@@ -1,8 +1,9 @@
-// Threads that split one large process_vm_readv into parts copied at once: one stream of
-// process_vm_readv moves about 6.5 GB/s here at 64 MiB, two streams about 10 (docs/performance.md),
-// as each page walk and copy runs on its own core. The caller copies one part itself and waits
-// for the rest; a part no helper took yet it takes back, so a busy pool never makes it wait
-// behind other channels' copies. Helpers start on first use and sleep when idle.
+// Threads that split one large copy into parts copied at once: one stream of process_vm_readv
+// moves about 6.5 GB/s here at 64 MiB, two streams about 10, and one memcpy thread 12.5 GB/s,
+// two 15-18 (docs/performance.md), as each part's page walk and copy runs on its own core. The
+// caller copies one part itself and waits for the rest; a part no helper took yet it takes back, so
+// a busy pool never makes it wait behind other channels' copies. Helpers start on first use and
+// sleep when idle.
 #pragma once
 
 #include <sys/types.h>
@@ -22,7 +23,11 @@
 namespace ferry::transport::shm {
 
 // The least a part holds: below it, waking a helper (~10 us here) costs more than it saves.
+// A process_vm_readv stream moves ~6.5 GB/s; memcpy ~45 GB/s at 1 MiB, where a split made
+// 1 MiB mapped writes fall from 41 to 25 GB/s, so memcpy splits only from 8 MiB up (16 MiB
+// mapped writes then moved 1.5x one memcpy thread, 64 MiB 1.4x).
 constexpr std::size_t kMinPartBytes = 256 << 10;
+constexpr std::size_t kMinMemcpyPartBytes = 4 << 20;
 // The most helpers an engine may ask for (ShmConfig::copy_threads).
 constexpr int kMaxCopyThreads = 16;
 
@@ -39,6 +44,8 @@ class CopyPool {
   // pull_once, split into up to helpers + 1 parts of at least kMinPartBytes. Any thread; the
   // first failure is returned (a failed part's bytes are not all there).
   Status pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total);
+  // memcpy of `n` bytes within this process (a mapped region), split the same way.
+  void copy(void* dst, const void* src, std::size_t n);
 
  private:
   // The most pieces one part holds: a whole request (256) plus the cut ones.
@@ -47,7 +54,7 @@ class CopyPool {
   struct Part {
     Call* call = nullptr;  // null: a free slot
     bool taken = false;    // a thread copies it
-    pid_t pid = 0;
+    pid_t pid = 0;         // 0: memcpy within this process
     std::size_t n = 0;
     uint64_t bytes = 0;
     std::array<iovec, kMaxPieces> local{};
@@ -57,6 +64,9 @@ class CopyPool {
     int left = 0;  // parts not finished, under mu_
     Status failed;
   };
+  Status split(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total,
+               std::size_t min_part);
+  static Status run_part(const Part& part);
   void start_locked();
   void run();
   void copy(Part& part);  // then marks it done and frees the slot

@@ -377,7 +377,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
       return std::min<uint64_t>(e.length - at.offset, op->slice_bytes);
     };
     // Small slices travel inline, as many as fit; larger ones are pulled, a write's several
-    // per record up to a slice's bytes, a read's one per grant.
+    // per record up to kPullRecordBytes, a read's one per grant.
     bool inline_bytes = slice_length(c) <= kInlineBytes;
     // First which slices the record takes, then their entries and (inline) bytes in place.
     uint64_t bytes = 0;
@@ -386,7 +386,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
       uint64_t length = slice_length(at);
       if (count > 0 &&
           (inline_bytes ? bytes + length > kInlineBytes
-                        : !write || length <= kInlineBytes || bytes + length > op->slice_bytes)) {
+                        : !write || length <= kInlineBytes || bytes + length > kPullRecordBytes)) {
         break;
       }
       bytes += length;

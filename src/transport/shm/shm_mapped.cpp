@@ -72,9 +72,9 @@ bool ShmChannel::post_mapped(OpState* op) {
     if (e.length > 0) {
       uint8_t* remote = last->base + e.remote_offset;
       if (write) {
-        std::memcpy(remote, e.local, e.length);
+        pool_->copy(remote, e.local, e.length);
       } else {
-        std::memcpy(e.local, remote, e.length);
+        pool_->copy(e.local, remote, e.length);
       }
     }
     if (last->last_used.load(std::memory_order_relaxed) != now) {
