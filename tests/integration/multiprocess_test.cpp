@@ -134,5 +134,45 @@ TEST(MultiProcess, AnAllocatedRegionIsCopiedThroughItsMappingWithoutTheTarget) {
     EXPECT_EQ(line.find("/memfd:ferry-region"), std::string::npos) << line;
 }
 
+// A process we lent a region to, stopped while it holds the mapping: our deregistration asks
+// for it back, gets no answer, cuts the peer off after revoke_timeout and returns; the memory
+// goes with the region, so what the stopped process writes later reaches nobody.
+TEST(MultiProcess, AStoppedPeerHoldingAMappingDoesNotHoldADeregistration) {
+  constexpr std::size_t kSize = 1 << 20;
+  Config c = SameHostPeer::configured({TransportKind::kShm});
+  c.revoke_timeout = std::chrono::milliseconds(300);
+  Engine e(c);
+  Region lent = e.allocate(kSize, Access::kRemoteReadWrite);
+  std::string into = e.address() + " " + lent.descriptor().to_string();
+  ScopedEnv write_into("FERRY_TEST_WRITE_INTO", into.c_str());
+  TargetProcess writer(4096, "shm");  // it wrote into `lent` before it printed its address
+  ASSERT_FALSE(writer.address.empty());
+  std::optional<Peer> peer = e.accept(kWait);
+  ASSERT_TRUE(peer.has_value());
+  // Its second write went through the mapping; the notification after it came to us.
+  std::optional<ImmEvent> imm = e.next_imm(kWait);
+  ASSERT_TRUE(imm.has_value());
+  EXPECT_EQ(imm->imm, 1u);
+  const auto* bytes = static_cast<const uint8_t*>(lent.data());
+  for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(bytes[i], target_byte(i)) << i;
+  int mapped = 0;
+  {
+    std::ifstream maps("/proc/" + std::to_string(writer.pid) + "/maps");
+    for (std::string line; std::getline(maps, line);)
+      mapped += line.find("/memfd:ferry-region") != std::string::npos;
+  }
+  EXPECT_EQ(mapped, 1) << "the writer maps the region it was lent";
+
+  ASSERT_EQ(kill(writer.pid, SIGSTOP), 0);
+  ASSERT_TRUE(wait_until_stopped(writer.pid));
+  lent.deregister();  // returns: the stopped peer is cut off
+  // Its channel closed (which let the region go); the peer follows on the progress thread.
+  for (auto until = std::chrono::steady_clock::now() + kWait;
+       peer->connected() && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(peer->connected());
+  ASSERT_EQ(kill(writer.pid, SIGCONT), 0);
+}
+
 }  // namespace
 }  // namespace ferry::test

@@ -5,6 +5,9 @@
 // With FERRY_TEST_DENY_CROSS_MEMORY=1 in its environment, a seccomp filter refuses the process
 // process_vm_readv/writev (EPERM) once its engine is open, as a container's profile would.
 // With FERRY_TEST_ALLOCATE=1, the region's memory comes from Engine::allocate.
+// With FERRY_TEST_WRITE_INTO="ADDRESS DESCRIPTOR", it first connects to ADDRESS and writes the
+// whole region DESCRIPTOR names (bytes i * 31 + 7) twice, the second time with immediate 1,
+// before it prints anything.
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +82,29 @@ int main(int argc, char** argv) {
     mem.resize(size);
     fill(mem.data(), size);  // before registering: the progress threads read it after that
     region = engine.register_memory(mem.data(), size, ferry::Access::kRemoteReadWrite);
+  }
+  // Kept until the process ends: the peer holds the mapping it was lent.
+  std::vector<uint8_t> source;
+  ferry::Region local;
+  ferry::Peer peer;
+  if (const char* into = std::getenv("FERRY_TEST_WRITE_INTO"); into && *into) {
+    std::istringstream words(into);
+    std::string address, text;
+    words >> address >> text;
+    ferry::Descriptor d = ferry::Descriptor::parse(text);
+    source.resize(d.length);
+    fill(source.data(), source.size());
+    local = engine.register_memory(source.data(), source.size(), ferry::Access::kLocal);
+    peer = engine.connect(address);
+    ferry::Transfer whole{&local, 0, &d, 0, d.length};
+    for (int i = 0; i < 2; ++i) {
+      ferry::Future f = i == 0 ? peer.write({&whole, 1}) : peer.write_with_imm({&whole, 1}, 1);
+      ferry::Status s = f.wait(std::chrono::seconds(20));
+      if (!s.ok()) {
+        std::cerr << "write into " << address << ": " << s.to_string() << std::endl;
+        return 2;
+      }
+    }
   }
   std::cout << "ADDR " << engine.address() << "\nDESC " << region.descriptor().to_string()
             << std::endl;
