@@ -196,6 +196,29 @@ TEST(ShmMapped, MoreRegionsThanMappingsEvictTheLeastRecentlyUsed) {
   EXPECT_EQ(memory_files().all, before);
 }
 
+// A pulled read takes one grant for up to 8 MiB of consecutive slices of one entry; a refusal
+// answers every slice its range covered, so the op completes with the error, never hangs.
+TEST(ShmReads, ConsecutiveSlicesShareAGrantAndARefusalAnswersThemAll) {
+  MappedPair p;
+  constexpr std::size_t kSize = 4 << 20;
+  std::vector<uint8_t> remote(kSize), local(3 * kSize);
+  fill_pattern(remote.data(), kSize, 12);
+  Region r = p.target.register_memory(remote.data(), kSize, Access::kRemoteRead);
+  Region l = p.initiator.register_memory(local.data(), local.size(), Access::kLocal);
+  Descriptor d = r.descriptor();
+  constexpr uint64_t kRead = (3 << 20) + 5;
+  ASSERT_TRUE(p.read(l, d, 7, kRead).ok());
+  EXPECT_EQ(0, std::memcmp(local.data(), remote.data() + 7, kRead));
+  // Beyond the region (a forged length): the first record's 8 slices and the second's one are
+  // all refused.
+  Descriptor forged = d;
+  forged.length = 64 << 20;
+  Status s = p.read(l, forged, 0, (9 << 20) + 1);
+  EXPECT_EQ(s.code(), ErrorCode::kOutOfBounds) << s.to_string();
+  ASSERT_TRUE(p.read(l, d, 0, kSize).ok()) << "the channel still serves";
+  EXPECT_EQ(0, std::memcmp(local.data(), remote.data(), kSize));
+}
+
 // More large messages than requests in flight (32), each beyond the unexpected-message limit,
 // with no receive posted: each is held (only its announcement counts), the sender's other
 // requests go on, and posted receives then take them whole.

@@ -46,7 +46,15 @@ void* peer_address(uint64_t address) {
 
 // The slices of the op an answer finishes: an ack's and read data's count, else one.
 int64_t answered_slices(const Header& h) {
-  return h.type == Record::kAck || h.type == Record::kReadData ? static_cast<int64_t>(h.count) : 1;
+  switch (h.type) {
+    case Record::kAck:
+    case Record::kReadData:
+      return h.count;
+    case Record::kGrant:
+      return h.imm;  // the slices of one entry the grant covers
+    default:
+      return 1;
+  }
 }
 
 // Compares secrets in time independent of where they differ.
@@ -376,8 +384,9 @@ void ShmChannel::encode_request_locked(OpState* op) {
       const OpEntry& e = op->entries[at.entry];
       return std::min<uint64_t>(e.length - at.offset, op->slice_bytes);
     };
-    // Small slices travel inline, as many as fit; larger ones are pulled, a write's several
-    // per record up to kPullRecordBytes, a read's one per grant.
+    // Small slices travel inline, as many as fit; larger ones are pulled, up to
+    // kPullRecordBytes per record: a write's several, a read's consecutive ones of one entry
+    // as one range under one grant (the slice count travels in `imm`).
     bool inline_bytes = slice_length(c) <= kInlineBytes;
     // First which slices the record takes, then their entries and (inline) bytes in place.
     uint64_t bytes = 0;
@@ -386,7 +395,8 @@ void ShmChannel::encode_request_locked(OpState* op) {
       uint64_t length = slice_length(at);
       if (count > 0 &&
           (inline_bytes ? bytes + length > kInlineBytes
-                        : !write || length <= kInlineBytes || bytes + length > kPullRecordBytes)) {
+                        : length <= kInlineBytes || bytes + length > kPullRecordBytes ||
+                              (!write && at.entry != c.entry))) {
         break;
       }
       bytes += length;
@@ -394,7 +404,22 @@ void ShmChannel::encode_request_locked(OpState* op) {
       --at.remaining;
     }
     uint8_t* payload = table + std::size_t{count} * kEntryBytes;
-    for (uint32_t i = 0; i < count; ++i) {
+    if (!write && !inline_bytes) {
+      const OpEntry& e = op->entries[c.entry];
+      Entry x;
+      x.index = c.entry;
+      x.region = e.remote_region;
+      x.key = e.remote_key;
+      x.offset = e.remote_offset + c.offset;
+      x.entry_offset = c.offset;
+      x.length = bytes;
+      put_entry(x, table);
+      h.imm = count;
+      advance(*op, c, count);
+      c.remaining -= count;
+      count = 1;
+    }
+    for (uint32_t i = 0; i < count && (write || inline_bytes); ++i) {
       const OpEntry& e = op->entries[c.entry];
       Entry x;
       x.index = c.entry;
@@ -671,14 +696,16 @@ Status ShmChannel::on_read(const View& r) {
     a.payload = static_cast<uint32_t>(total);
     return respond(a, r.table, scratch_);
   }
-  if (h.count != 1) return {ErrorCode::kProtocol, "shm read: a pulled read takes one entry"};
+  if (h.count != 1 || h.imm == 0) {
+    return {ErrorCode::kProtocol, "shm read: a pulled read takes one entry of one or more slices"};
+  }
   Entry e = r.entry(0);
   uint8_t* src = nullptr;
   RegionUse use;
   Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, e.offset, e.length,
                                      Access::kRemoteRead, &src, use);
-  if (!s.ok()) {
-    return respond_status(Record::kAck, h.op_id, 1,
+  if (!s.ok()) {  // answers every slice the range covers
+    return respond_status(Record::kAck, h.op_id, h.imm,
                           {s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()});
   }
   if (grants_.size() >= static_cast<std::size_t>(kRequestsInFlight)) {
@@ -696,6 +723,7 @@ Status ShmChannel::on_read(const View& r) {
   a.op_id = h.op_id;
   a.count = 1;
   a.tag = grants_.back().id;
+  a.imm = h.imm;
   return respond(a, table);
 }
 

@@ -55,11 +55,11 @@ constexpr uint8_t kFlagWritable = 4;  // kMap: the peer may map the file writabl
 struct Header {
   Record type{};
   uint8_t flags = 0;
-  uint16_t status = 0;  // ErrorCode of a response
-  uint32_t count = 0;   // table entries (requests, read data) or slices done (acks)
-  uint64_t op_id = 0;   // the initiator's op, echoed by responses
-  uint64_t tag = 0;     // message tag (kSend) or grant id (kGrant, kRelease)
-  uint32_t imm = 0;
+  uint16_t status = 0;   // ErrorCode of a response
+  uint32_t count = 0;    // table entries (requests, read data) or slices done (acks)
+  uint64_t op_id = 0;    // the initiator's op, echoed by responses
+  uint64_t tag = 0;      // message tag (kSend) or grant id (kGrant, kRelease)
+  uint32_t imm = 0;      // write_with_imm's; for a pulled read (kRead, kGrant): its slices
   uint32_t payload = 0;  // bytes after the table
 };
 constexpr std::size_t kHeaderBytes = 32;
