@@ -108,8 +108,8 @@ std::size_t ShmChannel::worst_case_bytes() {
   // iovecs and region uses, an inline answer's scratch, the grants, the control records and
   // the regions lent. (Mapped regions cost address space and a descriptor each, not memory.)
   return sizeof(ShmChannel) + 3 * kMaxRecordBytes + 2 * kRequestsInFlight * kMaxRecordBytes +
-         kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Grant) +
-         kControlRecords * sizeof(Control) + kMaxMappings * sizeof(Lent);
+         kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Held) +
+         kControlRecords * sizeof(Control) + kMaxMappings * sizeof(Held);
 }
 
 Status ShmChannel::listen() {
@@ -262,18 +262,22 @@ PostResult ShmChannel::post(OpState* op) {
   {
     std::lock_guard lock(send_mu_);
     if (send_closed_) return PostResult::kAccepted;  // the close path fails the op
-    op->lane_next[0] = nullptr;
-    if (queue_tail_ != nullptr) {
-      queue_tail_->lane_next[0] = op;
-    } else {
-      queue_head_ = op;
-    }
-    queue_tail_ = op;
-    failed = pump_locked();
+    failed = enqueue_locked(op);
     queued = queue_head_ != nullptr;
   }
   if (!failed.ok()) close(failed);
   return queued ? PostResult::kQueued : PostResult::kAccepted;
+}
+
+Status ShmChannel::enqueue_locked(OpState* op) {
+  op->lane_next[0] = nullptr;
+  if (queue_tail_ != nullptr) {
+    queue_tail_->lane_next[0] = op;
+  } else {
+    queue_head_ = op;
+  }
+  queue_tail_ = op;
+  return pump_locked();
 }
 
 Status ShmChannel::send_locked(std::span<const uint8_t> record, bool& full, int file) {
@@ -404,16 +408,21 @@ void ShmChannel::encode_request_locked(OpState* op) {
       --at.remaining;
     }
     uint8_t* payload = table + std::size_t{count} * kEntryBytes;
-    if (!write && !inline_bytes) {
-      const OpEntry& e = op->entries[c.entry];
+    // The slice (or range) at `at`, as a table entry.
+    auto entry_at = [&](const LaneCursor& at, uint64_t length) {
+      const OpEntry& e = op->entries[at.entry];
       Entry x;
-      x.index = c.entry;
+      x.index = at.entry;
       x.region = e.remote_region;
       x.key = e.remote_key;
-      x.offset = e.remote_offset + c.offset;
-      x.entry_offset = c.offset;
-      x.length = bytes;
-      put_entry(x, table);
+      x.offset = e.remote_offset + at.offset;
+      x.entry_offset = at.offset;
+      x.length = length;
+      x.address = reinterpret_cast<uint64_t>(e.local + at.offset);
+      return x;
+    };
+    if (!write && !inline_bytes) {
+      put_entry(entry_at(c, bytes), table);
       h.imm = count;
       advance(*op, c, count);
       c.remaining -= count;
@@ -421,14 +430,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
     }
     for (uint32_t i = 0; i < count && (write || inline_bytes); ++i) {
       const OpEntry& e = op->entries[c.entry];
-      Entry x;
-      x.index = c.entry;
-      x.region = e.remote_region;
-      x.key = e.remote_key;
-      x.offset = e.remote_offset + c.offset;
-      x.entry_offset = c.offset;
-      x.length = slice_length(c);
-      x.address = reinterpret_cast<uint64_t>(e.local + c.offset);
+      Entry x = entry_at(c, slice_length(c));
       put_entry(x, table + std::size_t{i} * kEntryBytes);
       if (inline_bytes && write && x.length > 0) {
         std::memcpy(payload, e.local + c.offset, x.length);
@@ -729,7 +731,7 @@ Status ShmChannel::on_read(const View& r) {
 
 Status ShmChannel::on_release(const View& r) {
   auto it = std::find_if(grants_.begin(), grants_.end(),
-                         [&](const Grant& g) { return g.id == r.header.tag; });
+                         [&](const Held& g) { return g.id == r.header.tag; });
   if (it == grants_.end()) {
     return {ErrorCode::kProtocol,
             "shm: release of grant " + std::to_string(r.header.tag) + ", which is not held"};
@@ -946,16 +948,12 @@ void ShmChannel::close(const Status& reason) {
 void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), base, length, why] {
-    for (const Grant& g : self->grants_) {
-      if (overlaps(g.base, g.length, base, length)) {
-        self->close(why);
-        return;
-      }
-    }
-    for (const Lent& l : self->lent_) {
-      if (overlaps(l.base, l.length, base, length)) {
-        self->close(why);
-        return;
+    for (const auto* held : {&self->grants_, &self->lent_}) {
+      for (const Held& h : *held) {
+        if (overlaps(h.base, h.length, base, length)) {
+          self->close(why);
+          return;
+        }
       }
     }
   });

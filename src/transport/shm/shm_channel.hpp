@@ -114,6 +114,8 @@ class ShmChannel final : public Channel,
   // Sends answers owed, then requests while credits last; arms EPOLLOUT when the socket is
   // full. An error closes the channel (the caller, outside the lock).
   Status pump_locked();
+  // Appends `op` to the send queue, then pump_locked().
+  Status enqueue_locked(OpState* op);
   // Sends one record, with `file` attached (SCM_RIGHTS) when it is one.
   Status send_locked(std::span<const uint8_t> record, bool& full, int file = -1);
   // Encodes the queue head's next request into out_.
@@ -212,23 +214,16 @@ class ShmChannel final : public Channel,
   std::vector<uint8_t> scratch_;  // an inline answer's table and bytes
   uint64_t imm_op_ = 0;           // the write whose records arrive now, and whether one failed
   bool imm_op_failed_ = false;
-  struct Grant {
-    uint64_t id = 0;
+  // A region held for the peer beyond one record: a deregistration waits for it.
+  struct Held {
+    uint64_t id = 0;  // the grant's id, or the lent region's
     RegionUse use;
     const uint8_t* base = nullptr;
     uint64_t length = 0;
   };
-  std::vector<Grant> grants_;
+  std::vector<Held> grants_;  // reads the peer pulls
   uint64_t next_grant_ = 1;
-
-  // Regions we lent the peer (loop thread): each holds the region until the peer unmapped it.
-  struct Lent {
-    uint32_t region = 0;
-    RegionUse use;
-    const uint8_t* base = nullptr;
-    uint64_t length = 0;
-  };
-  std::vector<Lent> lent_;
+  std::vector<Held> lent_;  // regions the peer mapped, until it unmapped them
 
   // Regions the peer lent us. Copiers hold map_mu_ shared while they copy; the loop holds it
   // alone to map or unmap, so a mapping never goes while a copy uses it.

@@ -91,14 +91,7 @@ bool ShmChannel::post_mapped(OpState* op) {
     {
       std::lock_guard send_lock(send_mu_);
       if (send_closed_) return true;  // the close path fails the op
-      op->lane_next[0] = nullptr;
-      if (queue_tail_ != nullptr) {
-        queue_tail_->lane_next[0] = op;
-      } else {
-        queue_head_ = op;
-      }
-      queue_tail_ = op;
-      failed = pump_locked();
+      failed = enqueue_locked(op);
     }
     if (!failed.ok()) close(failed);
     return true;
@@ -113,8 +106,8 @@ Status ShmChannel::lend(const Entry& e, const RegionUse& use) {
       lent_.size() >= static_cast<std::size_t>(kMaxMappings)) {
     return {};  // nothing to lend (a mapping lets the peer read), or the peer holds enough
   }
-  for (const Lent& l : lent_) {
-    if (l.region == e.region) return {};
+  for (const Held& l : lent_) {
+    if (l.id == e.region) return {};
   }
   // A use of its own, held until the peer gave the mapping back.
   uint8_t* base = nullptr;
@@ -204,8 +197,8 @@ Status ShmChannel::on_revoke(const View& r) {
 }
 
 Status ShmChannel::on_unmapped(const View& r) {
-  for (Lent& l : lent_) {
-    if (l.region == r.header.tag) {
+  for (Held& l : lent_) {
+    if (l.id == r.header.tag) {
       l = std::move(lent_.back());
       lent_.pop_back();  // its use goes: a deregistration waiting for it goes on
       return {};
@@ -219,8 +212,8 @@ void ShmChannel::revoking(uint32_t region_id) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), region_id] {
     if (self->stopped_) return;
-    for (const Lent& l : self->lent_) {
-      if (l.region != region_id) continue;
+    for (const Held& l : self->lent_) {
+      if (l.id != region_id) continue;
       Header h;
       h.type = Record::kRevoke;
       h.tag = region_id;
