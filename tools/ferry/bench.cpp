@@ -770,8 +770,8 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
       kTagSetup, std::to_string(bytes) + (o.allocate ? " 1 0" : " 0 0"), kTagDescriptor));
 
   bool progress = !o.json && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
+  std::vector<uint8_t> owned, owned_check;  // outlive the regions registered on them
   Initiator ini{o, engine, peer, remote, bytes, {}, {}, {}, {}, mail, progress};
-  std::vector<uint8_t> owned, owned_check;
   if (o.allocate) {
     ini.region = engine.allocate(bytes, Access::kLocal);
     ini.check_region = engine.allocate(bytes, Access::kLocal);

@@ -29,7 +29,11 @@ TransportInfo describe() {
   return info;
 }
 
-std::size_t worst_case_channel_bytes(const Config&) { return shm::ShmChannel::worst_case_bytes(); }
+std::size_t worst_case_channel_bytes(const Config& config) {
+  // Plus the final answers to held sends, one per message the matcher holds at most.
+  return shm::ShmChannel::worst_case_bytes() +
+         config.max_unexpected_messages * shm::ShmChannel::kLateAnswerBytes;
+}
 
 }  // namespace
 

@@ -24,6 +24,10 @@ constexpr int kBacklog = 4;
 // net.core.wmem_max (208 KiB by default), which holds kRequestsInFlight small requests.
 constexpr int kSocketBufferBytes = 1 << 20;
 constexpr std::size_t kHelloBytes = sizeof(Nonce) + 1;
+// Descriptors a received record's control buffer holds: one belongs (a MAP's file); room for
+// a few more so that the kernel hands extra ones over (to be closed) rather than drop them
+// silently with MSG_CTRUNC.
+constexpr std::size_t kControlSpaceFds = 4;
 
 socklen_t abstract_address(const Nonce& name, sockaddr_un& out) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -333,6 +337,14 @@ Status ShmChannel::pump_locked() {
       answer_head_ = (answer_head_ + 1) % answers_.size();
       --answer_count_;
     }
+    while (!late_answers_.empty()) {
+      if (Status s = send_locked(late_answers_.front(), full); !s.ok()) return s;
+      if (full) {
+        arm_locked(true);
+        return {};
+      }
+      late_answers_.pop_front();
+    }
     if (!request_pending_) {
       if (queue_head_ == nullptr || credits_ == 0) break;
       encode_request_locked(queue_head_);
@@ -380,6 +392,12 @@ void ShmChannel::encode_request_locked(OpState* op) {
     // A write_with_imm whose bytes post_mapped copied: only its notification is left.
     h.type = Record::kImm;
     h.imm = op->imm;
+    h.count = 1;
+    const OpEntry& e = op->entries[0];
+    Entry x;
+    x.region = e.remote_region;
+    x.key = e.remote_key;
+    put_entry(x, table);
   } else {
     bool write = op->kind == OpKind::kWrite;
     h.type = write ? Record::kWrite : Record::kRead;
@@ -457,9 +475,15 @@ void ShmChannel::encode_request_locked(OpState* op) {
 }
 
 Status ShmChannel::respond(const Header& h, std::span<const uint8_t> table,
-                           std::span<const uint8_t> payload) {
+                           std::span<const uint8_t> payload, bool held) {
   std::lock_guard lock(send_mu_);
   if (send_closed_) return {};
+  if (held) {
+    std::vector<uint8_t>& late = late_answers_.emplace_back(kHeaderBytes + payload.size());
+    put_header(h, late.data());
+    if (!payload.empty()) std::memcpy(late.data() + kHeaderBytes, payload.data(), payload.size());
+    return pump_locked();
+  }
   if (answer_count_ == answers_.size()) {
     return {ErrorCode::kResourceExhausted, "shm: the peer asks faster than it reads the answers (" +
                                                std::to_string(answer_count_) + " queued)"};
@@ -475,8 +499,8 @@ Status ShmChannel::respond(const Header& h, std::span<const uint8_t> table,
   return pump_locked();
 }
 
-Status ShmChannel::respond_status(Record type, uint64_t op_id, uint32_t count,
-                                  const Status& status) {
+Status ShmChannel::respond_status(Record type, uint64_t op_id, uint32_t count, const Status& status,
+                                  bool held) {
   Header h;
   h.type = type;
   h.op_id = op_id;
@@ -485,7 +509,7 @@ Status ShmChannel::respond_status(Record type, uint64_t op_id, uint32_t count,
   std::string_view text = status.ok() ? std::string_view() : status.message();
   text = text.substr(0, kMaxTextBytes);
   h.payload = static_cast<uint32_t>(text.size());
-  return respond(h, {}, {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  return respond(h, {}, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}, held);
 }
 
 Status ShmChannel::send_control(const Header& h, const Entry* entry, core::Fd file) {
@@ -526,28 +550,39 @@ Status ShmChannel::receive() {
   std::size_t pulled = 0;
   for (int i = 0; i < kRecordsPerWake && pulled < kPullBytesPerWake; ++i) {
     iovec iov{in_.data(), in_.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-    core::Fd file;  // closed unless a kMap record takes it
-    for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
+    // Every descriptor received is owned (and closed unless a kMap record takes the one it
+    // may carry) before anything is checked: an extra one must not leak.
+    std::array<core::Fd, kControlSpaceFds> files;
+    std::size_t file_count = 0;
+    bool stray_control = false;
+    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
          c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len == CMSG_LEN(sizeof(int)) && !file.valid()) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+        stray_control = true;
+        continue;
+      }
+      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
         int received = -1;
-        std::memcpy(&received, CMSG_DATA(c), sizeof received);
-        file = core::Fd(received);
-      } else {
-        return {ErrorCode::kProtocol, "shm record: unexpected control message"};
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
+        if (file_count < files.size()) {
+          files[file_count++] = core::Fd(received);
+        } else {
+          ::close(received);
+        }
       }
     }
-    if (n > 0 && (msg.msg_flags & MSG_CTRUNC)) {
-      return {ErrorCode::kProtocol, "shm record: more descriptors than one"};
+    if (n >= 0 && (stray_control || file_count > 1 || (msg.msg_flags & MSG_CTRUNC))) {
+      return {ErrorCode::kProtocol, "shm record: a control message other than one descriptor"};
     }
+    core::Fd& file = files[0];
     if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
@@ -586,8 +621,7 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
     case Record::kRelease:
       return on_release(r);
     case Record::kImm:
-      host_.deliver_imm(*link_, r.header.imm);  // its bytes were copied before it was sent
-      return respond_status(Record::kAck, r.header.op_id, 1, {});
+      return on_imm(r);
     case Record::kRevoke:
       return on_revoke(r);
     case Record::kUnmapped:
@@ -596,7 +630,7 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
     case Record::kReadData:
     case Record::kGrant:
     case Record::kSendAck:
-      return on_answer(r);
+      return on_answer(r, pulled);
     case Record::kHello:
     case Record::kMap:  // taken with its descriptor in receive()
       break;
@@ -619,6 +653,12 @@ Status ShmChannel::on_write(const View& r, std::size_t& pulled) {
   const uint8_t* src = r.payload.data();
   std::size_t inline_left = r.payload.size();
   if (!inline_bytes && inline_left != 0) return {ErrorCode::kProtocol, "shm write: stray bytes"};
+  // The uses taken below go whichever way this returns: a use left behind would hold its
+  // region's deregistration forever.
+  struct Release {
+    std::vector<RegionUse>& uses;
+    ~Release() { uses.clear(); }
+  } release{uses_};
   Status status;
   uint64_t total = 0;
   local_iov_.clear();
@@ -729,6 +769,18 @@ Status ShmChannel::on_read(const View& r) {
   return respond(a, table);
 }
 
+Status ShmChannel::on_imm(const View& r) {
+  // Its bytes were copied before it was sent; it notifies only a peer that may still write.
+  Entry e = r.entry(0);
+  uint8_t* unused = nullptr;
+  RegionUse use;
+  Status s = host_.regions().acquire(e.region, e.key ^ ShmTransport::kKeyFlip, 0, 0,
+                                     Access::kRemoteWrite, &unused, use);
+  if (s.ok()) host_.deliver_imm(*link_, r.header.imm);
+  return respond_status(Record::kAck, r.header.op_id, 1,
+                        s.ok() ? s : Status{s.code(), "write_with_imm: " + s.message()});
+}
+
 Status ShmChannel::on_release(const View& r) {
   auto it = std::find_if(grants_.begin(), grants_.end(),
                          [&](const Held& g) { return g.id == r.header.tag; });
@@ -774,11 +826,13 @@ Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
       // Held: the sender gets its credit back, so that its other requests go on meanwhile.
       return respond_status(Record::kSendAck, h.op_id, 1, {ErrorCode::kInProgress, ""});
     }
-    return into_receive(recv, h.op_id, h.tag, e, nullptr, pulled);
+    return into_receive(recv, h.op_id, h.tag, e, nullptr, false, pulled);
   }
   Matcher::Arrival a = link_->matcher.arrive(h.tag, e.length);
   if (!a.error.ok()) return respond_status(Record::kSendAck, h.op_id, 1, a.error);
-  if (a.recv != nullptr) return into_receive(a.recv, h.op_id, h.tag, e, r.payload.data(), pulled);
+  if (a.recv != nullptr) {
+    return into_receive(a.recv, h.op_id, h.tag, e, r.payload.data(), false, pulled);
+  }
   std::vector<uint8_t> buffer(r.payload.begin(), r.payload.end());  // counted by the matcher
   Status queued = respond_status(Record::kSendAck, h.op_id, 1, {});
   messages.received.fetch_add(1, std::memory_order_relaxed);
@@ -787,7 +841,7 @@ Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
 }
 
 Status ShmChannel::into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
-                                const uint8_t* inline_bytes, std::size_t& pulled) {
+                                const uint8_t* inline_bytes, bool held, std::size_t& pulled) {
   const OpEntry& dst = recv->entries[0];
   uint64_t n = std::min(e.length, dst.length);
   Status s;
@@ -801,7 +855,7 @@ Status ShmChannel::into_receive(OpState* recv, uint64_t op_id, uint64_t tag, con
   Status answer = s;
   if (s.ok() && e.length > dst.length) answer = Matcher::truncated_send(tag, dst.length);
   // The ack is queued before the receiver can run: anything it sends next goes out after it.
-  Status queued = respond_status(Record::kSendAck, op_id, 1, answer);
+  Status queued = respond_status(Record::kSendAck, op_id, 1, answer, held);
   if (s.ok()) {
     messages.received.fetch_add(1, std::memory_order_relaxed);
     Matcher::settle(recv, e.length);
@@ -817,7 +871,7 @@ void ShmChannel::taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpSta
   host_.reactor().post(loop_, [self = shared_from_this(), op_id, tag, e, recv] {
     if (self->stopped_) return;  // closing fails the receive with the peer's other ops
     std::size_t pulled = 0;
-    if (Status s = self->into_receive(recv, op_id, tag, e, nullptr, pulled); !s.ok()) {
+    if (Status s = self->into_receive(recv, op_id, tag, e, nullptr, true, pulled); !s.ok()) {
       self->close(s);
     }
   });
@@ -862,7 +916,7 @@ OpState* ShmChannel::answered_op(const View& r, Status& error) const {
   return op;
 }
 
-Status ShmChannel::on_answer(const View& r) {
+Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
   const Header& h = r.header;
   Status error;
   OpState* op = answered_op(r, error);
@@ -902,6 +956,7 @@ Status ShmChannel::on_answer(const View& r) {
     iovec local{op->entries[e.index].local + e.entry_offset, e.length};
     iovec remote{peer_address(e.address), e.length};
     Status s = e.length > 0 ? pull(&local, &remote, 1, e.length) : Status();
+    pulled += e.length;
     if (!s.ok())
       op->record_error({s.code(), "read entry " + std::to_string(e.index) + ": " + s.message()});
     Header release;
@@ -968,6 +1023,7 @@ void ShmChannel::stop() {
     send_closed_ = true;
     queue_head_ = queue_tail_ = nullptr;
     answer_count_ = 0;
+    late_answers_.clear();
     for (; control_count_ > 0; --control_count_) {
       controls_[control_head_].file.reset();
       control_head_ = (control_head_ + 1) % controls_.size();

@@ -31,6 +31,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -80,6 +81,8 @@ class ShmChannel final : public Channel,
   ~ShmChannel() override;
 
   static std::size_t worst_case_bytes();
+  // A held send's final answer, queued: header, error text, the buffer's and deque's share.
+  static constexpr std::size_t kLateAnswerBytes = kHeaderBytes + kMaxTextBytes + 64;
 
   TransportKind kind() const override { return TransportKind::kShm; }
   std::vector<uint8_t> local_address() const override;
@@ -124,9 +127,12 @@ class ShmChannel final : public Channel,
   // An answer gave back a request's credit.
   Status take_credit_back_locked();
   // Queues an answer (loop thread).
+  // `held`: the final answer to a send the receiver held (its credit came back already), queued
+  // apart from the answers that requests in flight bound.
   Status respond(const Header& h, std::span<const uint8_t> table = {},
-                 std::span<const uint8_t> payload = {});
-  Status respond_status(Record type, uint64_t op_id, uint32_t count, const Status& status);
+                 std::span<const uint8_t> payload = {}, bool held = false);
+  Status respond_status(Record type, uint64_t op_id, uint32_t count, const Status& status,
+                        bool held = false);
   // Queues a record of the mapped path (kMap with its file, kRevoke, kUnmapped).
   Status send_control(const Header& h, const Entry* entry = nullptr, core::Fd fd = {});
 
@@ -139,9 +145,10 @@ class ShmChannel final : public Channel,
   // Fills a posted receive with a message (its bytes inline, else pulled), answers the sender
   // and completes the receive.
   Status into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
-                      const uint8_t* inline_bytes, std::size_t& pulled);
+                      const uint8_t* inline_bytes, bool held, std::size_t& pulled);
+  Status on_imm(const View& r);
   Status on_release(const View& r);
-  Status on_answer(const View& r);
+  Status on_answer(const View& r, std::size_t& pulled);
   Status on_grant(OpState* op, const View& r);
   // ---- mapped path (shm_mapped.cpp) ----
   // Copies a write or read whose every entry lies in a region the peer lent us, on this
@@ -154,6 +161,8 @@ class ShmChannel final : public Channel,
   Status on_revoke(const View& r);
   Status on_unmapped(const View& r);
   void unmap_all();
+  // map_mu_ alone, for the loop (or closing): copies starting meanwhile take the records path.
+  std::unique_lock<std::shared_mutex> lock_mappings();
 
   // Pulls `n` pieces from the peer's memory into ours (process_vm_readv), large ones split
   // over the copy pool.
@@ -199,6 +208,8 @@ class ShmChannel final : public Channel,
   std::size_t out_length_ = 0;
   std::vector<std::vector<uint8_t>> answers_;  // a ring of queued answers
   std::size_t answer_head_ = 0, answer_count_ = 0;
+  // Final answers to held sends: one per message the matcher holds, which its limits bound.
+  std::deque<std::vector<uint8_t>> late_answers_;
   struct Control {
     std::array<uint8_t, kHeaderBytes + kEntryBytes> bytes{};
     std::size_t length = 0;
@@ -239,6 +250,7 @@ class ShmChannel final : public Channel,
   std::shared_mutex map_mu_;
   std::array<Mapping, kMaxMappings> mappings_;
   std::atomic<bool> any_mapping_{false};  // lets posts skip the lookups until a first map
+  std::atomic<bool> remapping_{false};    // the loop waits for map_mu_ alone
   std::atomic<uint64_t> use_clock_{0};
 };
 

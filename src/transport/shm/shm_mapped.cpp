@@ -21,9 +21,10 @@ bool inside(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;
 }
 
-// A descriptor of the region's file that lets the peer map it only as the region allows: the
-// file itself when it may write, else the file reopened read-only, which refuses a writable
-// shared mapping (and any later mprotect to one).
+// A descriptor of the region's file that maps only as the region allows: the file itself when
+// the peer may write, else the file reopened read-only, which refuses a writable shared mapping
+// (and any later mprotect to one). A process that may read our memory could reopen the file
+// for writing through /proc; this guards against mistakes, as the region checks do.
 core::Fd file_to_lend(int backing_fd, bool writable, Status& error) {
   if (writable) {
     core::Fd dup(::fcntl(backing_fd, F_DUPFD_CLOEXEC, 0));
@@ -38,6 +39,13 @@ core::Fd file_to_lend(int backing_fd, bool writable, Status& error) {
 
 }  // namespace
 
+std::unique_lock<std::shared_mutex> ShmChannel::lock_mappings() {
+  remapping_.store(true, std::memory_order_release);
+  std::unique_lock lock(map_mu_);
+  remapping_.store(false, std::memory_order_release);
+  return lock;
+}
+
 bool ShmChannel::post_mapped(OpState* op) {
   if (!any_mapping_.load(std::memory_order_acquire)) return false;
   {
@@ -47,6 +55,9 @@ bool ShmChannel::post_mapped(OpState* op) {
     if (send_closed_ || queue_head_ != nullptr || credits_ != kRequestsInFlight) return false;
   }
   const bool write = op->kind == OpKind::kWrite;
+  // The loop waits to change the mappings: new copies leave it the lock (the records path
+  // serves them meanwhile), else overlapping copies from several threads could starve it.
+  if (remapping_.load(std::memory_order_acquire)) return false;
   std::shared_lock lock(map_mu_);
   // Entries of a batch mostly share a region: the last one found is tried first.
   Mapping* last = nullptr;
@@ -142,8 +153,15 @@ Status ShmChannel::on_map(const View& r, core::Fd file) {
   }
   Header unmapped;
   unmapped.type = Record::kUnmapped;
+  // A file that may shrink under the mapping would kill a copy with SIGBUS: only a memory
+  // file sealed against it is mapped, anything else is declined (the records path serves it).
+  int seals = ::fcntl(file.get(), F_GET_SEALS);
+  if (!S_ISREG(st.st_mode) || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    unmapped.tag = e.region;
+    return send_control(unmapped);
+  }
   const bool writable = (r.header.flags & kFlagWritable) != 0;
-  std::unique_lock lock(map_mu_);
+  std::unique_lock lock = lock_mappings();
   Mapping* slot = nullptr;
   Mapping* oldest = nullptr;
   for (Mapping& m : mappings_) {
@@ -181,7 +199,7 @@ Status ShmChannel::on_map(const View& r, core::Fd file) {
 }
 
 Status ShmChannel::on_revoke(const View& r) {
-  std::unique_lock lock(map_mu_);  // waits for copies into the mapping to end
+  std::unique_lock lock = lock_mappings();  // waits for copies into the mapping to end
   for (Mapping& m : mappings_) {
     if (m.region != 0 && m.region == r.header.tag) {
       ::munmap(m.base, m.mapped);
@@ -224,7 +242,7 @@ void ShmChannel::revoking(uint32_t region_id) {
 }
 
 void ShmChannel::unmap_all() {
-  std::unique_lock lock(map_mu_);
+  std::unique_lock lock = lock_mappings();
   for (Mapping& m : mappings_) {
     if (m.region != 0) ::munmap(m.base, m.mapped);
     m.region = 0;

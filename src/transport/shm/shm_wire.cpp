@@ -30,6 +30,7 @@ bool has_table(Record type) {
     case Record::kReadData:
     case Record::kGrant:
     case Record::kMap:
+    case Record::kImm:
       return true;
     default:
       return false;
@@ -133,7 +134,8 @@ Status parse(std::span<const uint8_t> record, View& out) {
   if (has_table(h.type)) {
     if (h.count == 0 || h.count > kMaxEntries)
       return malformed(std::to_string(h.count) + " entries");
-    if ((h.type == Record::kSend || h.type == Record::kGrant || h.type == Record::kMap) &&
+    if ((h.type == Record::kSend || h.type == Record::kGrant || h.type == Record::kMap ||
+         h.type == Record::kImm) &&
         h.count != 1) {
       return malformed(std::to_string(h.count) + " entries where one belongs");
     }

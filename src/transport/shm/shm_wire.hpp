@@ -40,6 +40,7 @@ enum class Record : uint8_t {
   kSendAck = 9,   // status, error text
   // Mapped regions (memory from Engine::allocate, a memory file): the target lends the file.
   kImm = 10,       // the initiator copied a write_with_imm's bytes into a mapping: deliver `imm`
+                   // if the entry (its first region and key) still grants remote write
   kMap = 11,       // target -> initiator, with the file (SCM_RIGHTS): one entry (region, key,
                    // length); kFlagWritable when the region grants remote write
   kRevoke = 12,    // target -> initiator: give region `tag`'s mapping back
