@@ -2,22 +2,12 @@
 // moved over by peers like any region and freed with their region.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <string>
 
 #include "support/pair.hpp"
 
 namespace ferry::test {
 namespace {
-
-// Mappings of the engine's memory files in this process.
-int ferry_memory_files() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("/memfd:ferry-region") != std::string::npos;
-  return n;
-}
 
 std::span<uint8_t> bytes_of(const Region& r) { return {static_cast<uint8_t*>(r.data()), r.size()}; }
 
@@ -47,17 +37,17 @@ TEST(Allocate, AllocatedRegionsMoveBytesBothWays) {
 
 TEST(Allocate, TheMemoryGoesWithItsRegion) {
   Engine e(test_config());
-  int files = ferry_memory_files(), descriptors = open_descriptors();
+  int files = memory_files().all, descriptors = open_descriptors();
   {
     std::vector<Region> regions;
     for (std::size_t size : {std::size_t{1}, std::size_t{4096}, std::size_t{5} << 20})
       regions.push_back(e.allocate(size, Access::kRemoteWrite));
-    EXPECT_EQ(ferry_memory_files(), files + 3);
+    EXPECT_EQ(memory_files().all, files + 3);
     EXPECT_EQ(open_descriptors(), descriptors + 3);
     regions[0].deregister();
-    EXPECT_EQ(ferry_memory_files(), files + 2);
+    EXPECT_EQ(memory_files().all, files + 2);
   }
-  EXPECT_EQ(ferry_memory_files(), files);
+  EXPECT_EQ(memory_files().all, files);
   EXPECT_EQ(open_descriptors(), descriptors);
 }
 
@@ -80,7 +70,7 @@ TEST(Allocate, WhatCannotBeAllocatedIsRefusedAndNamed) {
   EXPECT_NE(what.find("memfd: Cannot allocate memory"), std::string::npos) << what;
   EXPECT_EQ(code_of(64, static_cast<Access>(0x80), what), ErrorCode::kInvalidArgument);
   EXPECT_NE(what.find("allocate: unknown access flags"), std::string::npos) << what;
-  EXPECT_EQ(ferry_memory_files(), 0) << "a refused allocation keeps nothing";
+  EXPECT_EQ(memory_files().all, 0) << "a refused allocation keeps nothing";
   e.shutdown();
   EXPECT_EQ(code_of(64, Access::kRemoteWrite, what), ErrorCode::kCancelled);
 }

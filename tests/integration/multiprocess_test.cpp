@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,15 +88,6 @@ TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) 
 // A region the target allocated is lent to us on first use: from then on our writes and reads
 // copy through the mapping on this thread, without the target's CPU, so they complete even while
 // the target process is stopped. When the target dies, the mapping goes with the channel.
-// This process's mappings of engines' memory files.
-int lent_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("/memfd:ferry-region") != std::string::npos;
-  return n;
-}
-
 TEST(MultiProcess, AnAllocatedRegionIsCopiedThroughItsMappingWithoutTheTarget) {
   constexpr std::size_t kSize = 4 << 20;
   ScopedEnv allocate("FERRY_TEST_ALLOCATE", "1");
@@ -123,7 +113,7 @@ TEST(MultiProcess, AnAllocatedRegionIsCopiedThroughItsMappingWithoutTheTarget) {
   EXPECT_EQ(0, std::memcmp(buf.data() + 5, back.data(), kSize - 3000));
   ASSERT_EQ(kill(target.pid, SIGCONT), 0);
 
-  EXPECT_EQ(lent_mappings(), 1);
+  EXPECT_EQ(memory_files().all, 1);
   target.kill_now();
   // The channel closes on the target's death and unmaps what it lent; the op fails, no hang.
   // (The peer may be marked lost by its control connection a moment before the channel's
@@ -134,9 +124,9 @@ TEST(MultiProcess, AnAllocatedRegionIsCopiedThroughItsMappingWithoutTheTarget) {
     if (code == ErrorCode::kOk) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(code, ErrorCode::kPeerLost);
-  for (int i = 0; i < 400 && lent_mappings() != 0; ++i)
+  for (int i = 0; i < 400 && memory_files().all != 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(lent_mappings(), 0);
+  EXPECT_EQ(memory_files().all, 0);
 }
 
 // A process we lent a region to, stopped while it holds the mapping: our deregistration asks
@@ -160,13 +150,7 @@ TEST(MultiProcess, AStoppedPeerHoldingAMappingDoesNotHoldADeregistration) {
   EXPECT_EQ(imm->imm, 1u);
   const auto* bytes = static_cast<const uint8_t*>(lent.data());
   for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(bytes[i], target_byte(i)) << i;
-  int mapped = 0;
-  {
-    std::ifstream maps("/proc/" + std::to_string(writer.pid) + "/maps");
-    for (std::string line; std::getline(maps, line);)
-      mapped += line.find("/memfd:ferry-region") != std::string::npos;
-  }
-  EXPECT_EQ(mapped, 1) << "the writer maps the region it was lent";
+  EXPECT_EQ(memory_files(writer.pid).all, 1) << "the writer maps the region it was lent";
 
   ASSERT_EQ(kill(writer.pid, SIGSTOP), 0);
   ASSERT_TRUE(wait_until_stopped(writer.pid));

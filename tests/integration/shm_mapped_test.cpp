@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "support/pair.hpp"
@@ -19,22 +18,6 @@ Config shm_config() {
   // A deregistration must end because the peer gave the mapping back, not because it was cut off.
   c.revoke_timeout = std::chrono::hours(1);
   return c;
-}
-
-// This process's mappings of engines' memory files, and how many of them are writable.
-struct MemoryFiles {
-  int all = 0;
-  int writable = 0;
-};
-MemoryFiles memory_files() {
-  std::ifstream maps("/proc/self/maps");
-  MemoryFiles n;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("/memfd:ferry-region") == std::string::npos) continue;
-    ++n.all;
-    n.writable += line.find(" rw") != std::string::npos;
-  }
-  return n;
 }
 
 uint8_t* bytes_of(const Region& r) { return static_cast<uint8_t*>(r.data()); }

@@ -3,12 +3,15 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +47,22 @@ inline int open_descriptors() {
   if (dir == nullptr) return -1;
   while (::readdir(dir) != nullptr) ++n;
   ::closedir(dir);
+  return n;
+}
+
+// A process's mappings of engines' memory files (Engine::allocate), and how many are writable.
+struct MemoryFiles {
+  int all = 0;
+  int writable = 0;
+};
+inline MemoryFiles memory_files(pid_t pid = ::getpid()) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  MemoryFiles n;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:ferry-region") == std::string::npos) continue;
+    ++n.all;
+    n.writable += line.find(" rw") != std::string::npos;
+  }
   return n;
 }
 
