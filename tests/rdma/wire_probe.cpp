@@ -11,7 +11,14 @@
 // Exit status 0 only if the faulty peer's operations all failed within --limit-ms of its last
 // success (a hang detector, far above the expected peer_timeout + 1 s, which is reported), the
 // healthy peer saw no error and kept completing operations after the failure.
+#include <dirent.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -21,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -78,6 +86,58 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// What a hang or crash of the probe leaves in its log: the guest has no debugger. Addresses
+// are the binary's (PIE offsets): `addr2line -fCie ferry_wire_probe 0x...` on the host.
+void print_stack(const char* what) {
+  char line[96];
+  int n = std::snprintf(line, sizeof line, "PROBE STACK %s thread %ld\n", what,
+                        static_cast<long>(::syscall(SYS_gettid)));
+  (void)!::write(STDOUT_FILENO, line, static_cast<std::size_t>(n));
+  void* frames[64];
+  ::backtrace_symbols_fd(frames, ::backtrace(frames, 64), STDOUT_FILENO);
+}
+
+void on_crash(int sig) {
+  print_stack(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "SIGABRT");
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// Turned by the main loop and the steps after it; 0 once the probe is about to exit.
+std::atomic<int64_t> heartbeat_ms{0};
+
+// Prints every thread's stack (SIGUSR2 to each) once the probe stopped turning for `stuck_ms`:
+// where it hangs, not only that it did.
+void watch_main_loop(int stuck_ms) {
+  ::signal(SIGUSR2, [](int) { print_stack("stuck"); });
+  void* warm[1];
+  ::backtrace(warm, 1);  // loads the unwinder now: in a signal handler it must not allocate
+  heartbeat_ms = now_ms();
+  std::thread([stuck_ms] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      int64_t beat = heartbeat_ms.load();
+      if (beat == 0) return;
+      if (now_ms() - beat < stuck_ms) continue;
+      std::cout << "PROBE STUCK: the main loop has not turned for " << stuck_ms << " ms"
+                << std::endl;
+      DIR* tasks = ::opendir("/proc/self/task");
+      while (dirent* e = tasks != nullptr ? ::readdir(tasks) : nullptr) {
+        if (e->d_name[0] == '.') continue;
+        ::syscall(SYS_tgkill, ::getpid(), std::atoi(e->d_name), SIGUSR2);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (tasks != nullptr) ::closedir(tasks);
+      return;
+    }
+  }).detach();
+}
+
 struct Done {
   int peer;
   int slot;
@@ -100,6 +160,8 @@ struct Track {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) ::signal(sig, on_crash);
+  watch_main_loop(10000);
   // Before the engine: completion callbacks may run until it is shut down.
   std::mutex mu;
   std::condition_variable cv;
@@ -156,6 +218,7 @@ int main(int argc, char** argv) {
   auto started = Clock::now();
   auto last_status = started;
   for (;;) {
+    heartbeat_ms = now_ms();
     std::deque<Done> batch;
     {
       std::unique_lock lock(mu);
@@ -208,6 +271,7 @@ int main(int argc, char** argv) {
 
   double fail_ms =
       all_failed_at == Clock::time_point{} ? -1 : ms_between(faulty.last_ok, all_failed_at);
+  heartbeat_ms = now_ms();  // shutdown and destruction get their own 10 s
   auto shutdown_from = Clock::now();
   engine.shutdown();
   double shutdown_ms = ms_between(shutdown_from, Clock::now());
@@ -219,6 +283,7 @@ int main(int argc, char** argv) {
   engine_owner.reset();
   double destroy_ms = ms_between(destroy_from, Clock::now());
 
+  heartbeat_ms = 0;
   std::cout << "METRIC fail_ms " << fail_ms << " ms\n"
             << "METRIC healthy_worst_stall_ms " << healthy.worst_gap_ms << " ms\n"
             << "METRIC healthy_ops " << healthy.ok << " ops\n"

@@ -639,8 +639,10 @@ void VerbsChannel::ack_events() {
 }
 
 void VerbsChannel::on_event(uint32_t) {
-  ack_events();
+  // An event the loop fetched in the round whose task quiesced the channel: its completion
+  // channel went to the teardown thread (which acknowledges what is left).
   if (quiesced_.load()) return;
+  ack_events();
   // Receives: always armed (a waiter may poll them too).
   ibv_req_notify_cq(recv_cq_, 0);
   lock_polling();
@@ -668,7 +670,8 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&),
     if (n <= 0) break;
     handled += n;
     for (int i = 0; i < n; ++i) (this->*handle)(wcs[i]);
-    if (n < kPollBatch) break;  // the queue was empty: a second poll would find little
+    if (n < kPollBatch) break;    // the queue was empty: a second poll would find little
+    if (quiesced_.load()) break;  // a callback closed the channel: `cq` went to the teardown
   }
   return handled;
 }
