@@ -52,6 +52,17 @@ for run in $(seq 1 "$REPEAT"); do
   win_cma=$("$FERRY" bench --transport shm --op write,send --sizes $M1,$M16 --concurrency 8 \
     --same-area --json)
   lat=$("$FERRY" bench --transport shm --memory allocate --op write,pingpong --sizes 8 --json)
+  # Registered memory, small: records through the rings, the target's progress thread asleep
+  # between operations (the default) or busy-polling them for 20 us after work.
+  lat_reg=$("$FERRY" bench --transport shm --op write,write_imm --sizes 8 --json)
+  lat_busy=$("$FERRY" bench --transport shm --op write,write_imm --sizes 8 --busy-poll-us 20 \
+    --json)
+  # Without cross-memory attach (as where the kernel refuses it): 16 KiB pieces through the
+  # rings, beside TCP loopback.
+  ring=$("$FERRY" bench --cross-memory 0 --op write,read --sizes $M1 --concurrency 8 --same-area \
+    --json)
+  tcp=$("$FERRY" bench --transport tcp --op write,read --sizes $M1 --concurrency 8 --same-area \
+    --json)
   ucx=""
   for s in $M1 $M16; do
     best=0
@@ -71,14 +82,19 @@ for run in $(seq 1 "$REPEAT"); do
     rows+=" $(pick "$win_map" write $s mb_per_s) $(pick "$win_cma" write $s mb_per_s)"
     rows+=" $(pick "$win_cma" send $s mb_per_s)"
   done
-  rows+="$ucx $(pick "$lat" write 8 p50_us) $(pick "$lat" pingpong 8 p50_us)"$'\n'
+  rows+="$ucx $(pick "$lat" write 8 p50_us) $(pick "$lat" pingpong 8 p50_us)"
+  rows+=" $(pick "$lat_reg" write 8 p50_us) $(pick "$lat_reg" write_imm 8 p50_us)"
+  rows+=" $(pick "$lat_busy" write 8 p50_us) $(pick "$lat_busy" write_imm 8 p50_us)"
+  rows+=" $(pick "$ring" write $M1 mb_per_s) $(pick "$ring" read $M1 mb_per_s)"
+  rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)"$'\n'
 done
 
 echo "$rows" | python3 -c '
 import statistics, sys
 runs = [list(map(float, l.split()[1:])) for l in sys.stdin if l.strip()]
 (MC1, MC64, CMA64, MW1, MR1, MW64, MR64, CW64, CR64,
- XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP) = range(19)
+ XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP,
+ RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR) = range(27)
 def med(i): return statistics.median(r[i] for r in runs)
 def ratio(a, b): return statistics.median(r[a] / r[b] for r in runs if r[b] > 0)
 rows = [
@@ -94,6 +110,8 @@ rows = [
     ("mapped write 16 MiB x8 vs UCX best", XMW16, U16),
     ("cma write 16 MiB x8 vs UCX best", XCW16, U16),
     ("send 16 MiB x8 vs UCX best", XS16, U16),
+    ("no cross-memory write 1 MiB x8 vs TCP", RINGW, TCPW),
+    ("no cross-memory read 1 MiB x8 vs TCP", RINGR, TCPR),
 ]
 print(f"medians of {len(runs)} runs (MB/s); ratio = median of per-run ratios")
 print("%-44s %10s %10s %7s" % ("measurement", "ferry", "peer", "ratio"))
@@ -101,4 +119,7 @@ for name, a, b in rows:
     print(f"{name:<44} {med(a):>10.1f} {med(b):>10.1f} {ratio(a, b):>7.2f}")
 print("UCX best = the higher of tag_bw and ucp_am_bw with UCX_TLS=posix and UCX_TLS=cma,tcp")
 print(f"mapped write 8 B p50 {med(LATW):.2f} us; write ping-pong 8 B p50 (half round trip) {med(LATPP):.2f} us")
+print(f"registered 8 B p50: write {med(RW8):.2f} us, write_with_imm {med(RI8):.2f} us; "
+      f"with --busy-poll-us 20: {med(BW8):.2f} us, {med(BI8):.2f} us (each a round trip: "
+      "the notification was delivered before its answer left)")
 '

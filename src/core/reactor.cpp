@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "core/sys.hpp"
@@ -92,6 +93,32 @@ void Reactor::post(int loop, std::function<void()> task) {
   [[maybe_unused]] ssize_t n = ::write(l.wake.get(), &one, sizeof one);
 }
 
+void Reactor::add_poller(int loop, Poller* poller) {
+  Loop& l = *loops_[static_cast<std::size_t>(loop)];
+  l.pollers.push_back(poller);
+  if (l.polling) poller->begin_polling();
+}
+
+void Reactor::remove_poller(int loop, Poller* poller) {
+  Loop& l = *loops_[static_cast<std::size_t>(loop)];
+  auto it = std::find(l.pollers.begin(), l.pollers.end(), poller);
+  if (it == l.pollers.end()) return;
+  l.pollers.erase(it);
+  if (l.polling) poller->end_polling();
+}
+
+void Reactor::set_polling(Loop& loop, bool on) {
+  if (loop.polling == on) return;
+  loop.polling = on;
+  for (Poller* p : loop.pollers) {
+    if (on) {
+      p->begin_polling();
+    } else {
+      p->end_polling();
+    }
+  }
+}
+
 void Reactor::retire(int loop, std::shared_ptr<void> handler_owner) {
   loops_[static_cast<std::size_t>(loop)]->retired.push_back(std::move(handler_owner));
 }
@@ -103,11 +130,18 @@ void Reactor::run(Loop& loop) {
   auto last_work = std::chrono::steady_clock::now();
   while (!stopping_.load(std::memory_order_relaxed)) {
     bool spinning = std::chrono::steady_clock::now() - last_work < busy_poll_;
+    set_polling(loop, spinning);
     int n = ::epoll_wait(loop.epoll.get(), events, kMaxEventsPerWait, spinning ? 0 : 100);
     if (n < 0) {
       if (errno == EINTR) continue;
       break;  // the epoll fd is gone: nothing sensible is left to do on this loop
     }
+    bool polled = false;
+    // By index: a poller may remove itself (closing) while polled.
+    for (std::size_t i = 0; loop.polling && i < loop.pollers.size(); ++i) {
+      polled = loop.pollers[i]->poll() || polled;
+    }
+    if (polled && n == 0) last_work = std::chrono::steady_clock::now();
     if (n == 0) continue;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {

@@ -1,6 +1,7 @@
 // Progress threads: each runs an epoll loop over the file descriptors assigned to it, plus a
 // queue of tasks posted from other threads. After doing work a loop busy-polls for a while
-// before sleeping in epoll_wait, so back-to-back small operations avoid a thread wake-up.
+// before sleeping in epoll_wait, so back-to-back small operations avoid a thread wake-up;
+// while it does, it also polls its pollers (shared-memory rings), which then need no wake-up.
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,21 @@ class Reactor {
     ~Handler() = default;
   };
 
+  // Work found without a file descriptor: polled while the loop busy-polls.
+  class Poller {
+   public:
+    // The loop starts polling: whatever feeds the poller need not wake the loop meanwhile.
+    virtual void begin_polling() = 0;
+    // Handles what is ready without blocking; true when there was something.
+    virtual bool poll() = 0;
+    // The loop is about to sleep: what arrives from now on (or arrived unseen) must wake it
+    // through a file descriptor.
+    virtual void end_polling() = 0;
+
+   protected:
+    ~Poller() = default;
+  };
+
   Reactor(int threads, std::chrono::nanoseconds busy_poll);
   ~Reactor();
   Reactor(const Reactor&) = delete;
@@ -43,6 +59,10 @@ class Reactor {
   Status add(int loop, int fd, uint32_t events, Handler* handler);
   Status modify(int loop, int fd, uint32_t events, Handler* handler);
   void remove(int loop, int fd);
+  // On the loop's thread (or once the reactor stopped): polled while the loop busy-polls.
+  // Removal ends its polling if the loop was polling.
+  void add_poller(int loop, Poller* poller);
+  void remove_poller(int loop, Poller* poller);
   // Runs `task` on the loop's thread.
   void post(int loop, std::function<void()> task);
   // Called on the loop's thread after remove(): keeps `handler_owner` alive until the events
@@ -56,10 +76,13 @@ class Reactor {
     std::mutex mu;
     std::vector<std::function<void()>> tasks;
     std::vector<std::shared_ptr<void>> retired;  // touched only by the loop's thread
+    std::vector<Poller*> pollers;                // touched only by the loop's thread
+    bool polling = false;                        // between begin_ and end_polling
     std::thread thread;
     std::thread::id id;
   };
   void run(Loop& loop);
+  void set_polling(Loop& loop, bool on);
 
   std::vector<std::unique_ptr<Loop>> loops_;
   std::chrono::nanoseconds busy_poll_;

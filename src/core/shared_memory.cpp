@@ -11,10 +11,12 @@ namespace ferry::core {
 namespace {
 
 std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+constexpr const char* kRegionFileName = "ferry-region";  // tests find regions' mappings by it
 
-// A sealed memory file of `size` bytes mapped shared; `flags` adds to memfd_create's.
-Status map_file(unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
-  fd = Fd(::memfd_create("ferry-region", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags));
+}  // namespace
+
+Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
+  fd = Fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | flags));
   if (!fd.valid()) return sys_status("memfd_create", errno, ErrorCode::kResourceExhausted);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return sys_status("ftruncate memfd", errno, ErrorCode::kResourceExhausted);
@@ -29,8 +31,6 @@ Status map_file(unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
   return {};
 }
 
-}  // namespace
-
 Status SharedMemory::create(std::size_t length, SharedMemory& out) {
   if (length == 0) return {ErrorCode::kInvalidArgument, "zero length"};
   out.reset();
@@ -38,7 +38,7 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
   if (length >= kHugePageBytes) {
     // Explicit huge pages exist only where the host reserved them; a failure is no error.
     std::size_t size = round_up(length, kHugePageBytes);
-    if (map_file(MFD_HUGETLB, size, out.fd_, out.base_).ok()) {
+    if (map_memory_file(kRegionFileName, MFD_HUGETLB, size, out.fd_, out.base_).ok()) {
       // Touched now: a reservation that runs short shows here as an error, not as SIGBUS later.
       if (::madvise(out.base_, size, MADV_POPULATE_WRITE) == 0) {
         out.mapped_ = size;
@@ -49,7 +49,7 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
     }
   }
   std::size_t size = round_up(length, page);
-  if (Status s = map_file(0, size, out.fd_, out.base_); !s.ok()) {
+  if (Status s = map_memory_file(kRegionFileName, 0, size, out.fd_, out.base_); !s.ok()) {
     out.reset();
     return s;
   }

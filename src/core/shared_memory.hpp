@@ -14,6 +14,10 @@ namespace ferry::core {
 // Huge pages are asked for from this size up: below it a 2 MiB page would mostly hold padding.
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
+// A memory file named `name` (flags add to memfd_create's) of `size` bytes, sealed at that size
+// (a peer that maps it never sees it shrink under its mapping), mapped shared and writable.
+Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base);
+
 class SharedMemory {
  public:
   // `length` bytes (> 0), zeroed. From kHugePageBytes up, in huge pages: explicit ones

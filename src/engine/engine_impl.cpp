@@ -401,12 +401,18 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
 void EngineImpl::plan_routes(PeerImpl& peer) const {
   std::vector<TransportKind> kinds;
   for (const auto& c : peer.channels.all()) kinds.push_back(c->kind());
-  peer.routes = engine::plan_routes(config, kinds, peer.reach, [&](TransportKind kind) {
-    if (const transport::Channel* c = peer.channels.find(kind)) {
-      if (std::string why = c->unusable(); !why.empty()) return why;
-    }
-    return unusable_reason(kind);
-  });
+  peer.routes = engine::plan_routes(
+      config, kinds, peer.reach,
+      [&](TransportKind kind) {
+        if (const transport::Channel* c = peer.channels.find(kind)) {
+          if (std::string why = c->unusable(); !why.empty()) return why;
+        }
+        return unusable_reason(kind);
+      },
+      [&](TransportKind kind, std::string& why) {
+        const transport::Channel* c = peer.channels.find(kind);
+        return c != nullptr ? c->lacks(why) : 0u;
+      });
 }
 
 std::vector<uint8_t> EngineImpl::channel_addresses(const PeerImpl& peer) {

@@ -140,7 +140,7 @@ PeerImpl::Via PeerImpl::via(uint8_t channel) const {
   const transport::Channel& c = channels.at(channel);
   const transport::TransportEntry* entry = transport::find_transport(c.kind());
   return {c.kind(), static_cast<uint8_t>(std::clamp(c.rails(), 1, transport::kMaxRails)),
-          entry != nullptr ? entry->memory : transport::MemoryKinds{}};
+          entry != nullptr ? entry->memory : transport::MemoryKinds{}, c.max_slice_bytes()};
 }
 
 bool PeerImpl::keys_for(const Descriptor& d, const Via& via, uint64_t* keys) {
@@ -301,6 +301,10 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
     if (why != Refusal::kNone) [[unlikely]] {
       return refuse(op, i, t, why, order);
     }
+  }
+  // Cut for the channel the batch goes on (a reroute may have changed it).
+  if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
+  for (const Transfer& t : batch) {
     slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
                                           : transport::slice_count(t.length, op->slice_bytes);
     total += t.length;
@@ -331,6 +335,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   p->with_imm = with_imm;
   p->imm = imm;
   p->channel = op->channel;
+  p->slice_bytes = op->slice_bytes;
   p->entries = op->entries;
   p->rails = op->rails;
   p->rail_keys = op->rail_keys;
@@ -363,6 +368,7 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
     op->leases.push_back(slot);
   }
   op->channel = p.channel;
+  op->slice_bytes = p.slice_bytes;
   // Capacity kept: no allocation.
   op->entries.assign(p.entries.begin(), p.entries.end());
   op->rails = p.rails;

@@ -39,6 +39,7 @@ struct PreparedImpl {
   bool with_imm = false;
   uint32_t imm = 0;
   uint8_t channel = 0;  // the peer's channel the entries' remote keys are for
+  uint64_t slice_bytes = 0;
   std::vector<transport::OpEntry> entries;
   uint8_t rails = 1;
   std::vector<uint64_t> rail_keys;  // as in OpState
@@ -127,6 +128,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     TransportKind kind{};
     uint8_t rails = 1;
     transport::MemoryKinds memory{};
+    uint64_t max_slice = 0;  // Channel::max_slice_bytes
   };
   Via via(uint8_t channel) const;
   // The keys of every rail of `via` (keys[0 .. rails - 1]); false when the descriptor lacks

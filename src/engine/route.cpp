@@ -38,7 +38,8 @@ std::string verdict_text(const Candidate& c, Verdict v, OpClass op, MemoryKind l
       return "fallback (" + rank_text(c) + ", for descriptors without a " +
              std::string(to_string(chosen)) + " key)";
     case Verdict::kNoCapability:
-      return "cannot carry " + std::string(to_string(op));
+      return "cannot carry " + std::string(to_string(op)) +
+             ((c.lacks & needed(op)) != 0 ? " here: " + c.lacks_why : std::string());
     case Verdict::kUnusable:
       return "not usable here: " + c.unusable;
     case Verdict::kLocalMemory:
@@ -95,7 +96,7 @@ Decision choose(std::span<const Candidate> candidates, OpClass op, MemoryKind lo
     const Candidate& c = candidates[i];
     if (!c.unusable.empty()) {
       d.verdicts[i] = Verdict::kUnusable;
-    } else if ((c.capabilities & needed(op)) != needed(op)) {
+    } else if ((c.capabilities & ~c.lacks & needed(op)) != needed(op)) {
       d.verdicts[i] = Verdict::kNoCapability;
     } else if (!moves(c.memory, local)) {
       d.verdicts[i] = Verdict::kLocalMemory;
@@ -120,14 +121,17 @@ void RouteTable::set(OpClass op, MemoryKind local, MemoryKind remote, const Deci
 }
 
 Routes plan_routes(const Config& config, std::span<const TransportKind> channels, Reach reach,
-                   const std::function<std::string(TransportKind)>& unusable_here) {
+                   const std::function<std::string(TransportKind)>& unusable_here,
+                   const std::function<uint32_t(TransportKind, std::string&)>& lacks_here) {
   std::vector<Candidate> candidates;
   for (TransportKind kind : channels) {
     const transport::TransportEntry* entry = transport::find_transport(kind);
     auto rank = std::find(config.transports.begin(), config.transports.end(), kind);
-    candidates.push_back({kind, entry != nullptr ? entry->capabilities : 0,
-                          entry != nullptr ? entry->memory : transport::MemoryKinds{},
-                          static_cast<int>(rank - config.transports.begin()), unusable_here(kind)});
+    Candidate& c = candidates.emplace_back(
+        Candidate{kind, entry != nullptr ? entry->capabilities : 0,
+                  entry != nullptr ? entry->memory : transport::MemoryKinds{},
+                  static_cast<int>(rank - config.transports.begin()), unusable_here(kind)});
+    if (lacks_here) c.lacks = lacks_here(kind, c.lacks_why);
   }
   // Configured transports in this engine's order, each once, with its channel (an index) or,
   // when it is none of the peer's channels, why not: the same for every row.

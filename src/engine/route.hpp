@@ -2,8 +2,8 @@
 // made from the channels' capabilities and memory kinds, the memory kinds of both ends and this
 // engine's order (Config::transports). Reach (same process, same host, other host) decides
 // earlier which channels a peer gets at all: the handshake offers a transport only to peers it
-// can reach. A peer's decisions are made once, when its channels are set up, into a RouteTable that the
-// data path reads with one load.
+// can reach. A peer's decisions are made once, when its channels are set up, into a RouteTable that
+// the data path reads with one load.
 #pragma once
 
 #include <array>
@@ -34,6 +34,8 @@ struct Candidate {
   transport::MemoryKinds memory{};  // what it moves, on both ends
   int rank = 0;                     // position in this engine's Config::transports
   std::string unusable;             // why the connected channel carries nothing ("" if it can)
+  uint32_t lacks = 0;               // capabilities the connected channel lacks (Channel::lacks)
+  std::string lacks_why;
 };
 
 enum class Verdict : uint8_t {
@@ -94,7 +96,10 @@ struct Routes {
 // at `reach`. `unusable_here` says why this engine cannot use a configured transport, or the
 // peer's channel of that kind cannot carry operations, or "" when it can; configured
 // transports that are not channels and channels that cannot carry say so in each why.
-Routes plan_routes(const Config& config, std::span<const TransportKind> channels, Reach reach,
-                   const std::function<std::string(TransportKind)>& unusable_here);
+// `lacks_here` gives the capabilities a connected channel lacks (Channel::lacks), and why.
+Routes plan_routes(
+    const Config& config, std::span<const TransportKind> channels, Reach reach,
+    const std::function<std::string(TransportKind)>& unusable_here,
+    const std::function<uint32_t(TransportKind, std::string&)>& lacks_here = nullptr);
 
 }  // namespace ferry::engine

@@ -127,6 +127,16 @@ class Channel {
   // two processes may not read each other's memory), or "" when it can. Known once its side
   // connections are attached; routing then leaves it out and says why (Peer::routes).
   virtual std::string unusable() const { return {}; }
+  // Capabilities (kCap* bits) of its transport that this connected channel cannot offer after
+  // all, and why (a same-host channel whose processes may not read each other's memory carries
+  // no messages): routing sends those operations to the next channel. Known with unusable().
+  virtual uint32_t lacks(std::string& why) const {
+    (void)why;
+    return 0;
+  }
+  // The largest slice the channel takes (0: any size): the engine cuts transfers for it no
+  // larger than this, whatever Config::slice_bytes says.
+  virtual uint64_t max_slice_bytes() const { return 0; }
 
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;

@@ -381,6 +381,22 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
       << allocated;
   EXPECT_EQ(std::count(allocated.begin(), allocated.end(), '\n'), 8) << allocated;
   EXPECT_EQ(allocated.find("\"verified\":false"), std::string::npos) << allocated;
+  // Without cross-memory attach: writes and reads through the rings, sends over TCP, and the
+  // routes say why.
+  std::string ringed;
+  ASSERT_EQ(run("bench --cross-memory 0 --op write,read,send --sizes 8,1000003 --iters 5 "
+                "--concurrency 2 --json",
+                ringed),
+            0)
+      << ringed;
+  EXPECT_EQ(std::count(ringed.begin(), ringed.end(), '\n'), 6) << ringed;
+  EXPECT_EQ(ringed.find("\"verified\":false"), std::string::npos) << ringed;
+  EXPECT_NE(ringed.find("\"transport\":\"shm\",\"op\":\"write\""), std::string::npos) << ringed;
+  EXPECT_NE(ringed.find("\"transport\":\"tcp\",\"op\":\"send\""), std::string::npos) << ringed;
+  EXPECT_NE(ringed.find("shm: cannot carry send/recv here: cross-memory attach is off here: "
+                        "Config::shm.cross_memory is false"),
+            std::string::npos)
+      << ringed;
 }
 
 TEST(Cli, ListenerServesTheNextInitiatorAfterOneIsKilled) {

@@ -52,9 +52,10 @@ TEST(MultiProcess, ATransportThatStaysInOneProcessIsNotOfferedToAnother) {
 }
 
 // A same-host peer whose process may not call process_vm_readv (a seccomp profile, installed
-// after its engine opened the shm transport): the pair's probe fails, the shm channel says so,
-// and every operation goes over TCP instead of failing.
-TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) {
+// after its engine opened the shm transport): the pair's probe fails and the shm channel says
+// so; writes, reads and write_with_imm still go over it, in 16 KiB pieces through the rings,
+// and messages (a large one is pulled into its receive) take TCP. Nothing fails.
+TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedThroughTheRingsAndMessagesOverTcp) {
   constexpr std::size_t kSize = 4 << 20;
   ScopedEnv deny("FERRY_TEST_DENY_CROSS_MEMORY", "1");
   TargetProcess target(kSize, "shm,tcp");
@@ -62,15 +63,20 @@ TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) 
   SameHostPeer x(target, {TransportKind::kShm, TransportKind::kTcp});
   Engine& e = x.engine;
   Peer& peer = x.peer;
-  EXPECT_EQ(peer.transport(), TransportKind::kTcp);
-  ASSERT_FALSE(x.routes.empty());
+  EXPECT_EQ(peer.transport(), TransportKind::kShm);
+  const std::string why =
+      "the peer (process " + std::to_string(target.pid) + ") may not read this process";
+  int messages = 0;
   for (const RouteInfo& r : x.routes) {
-    EXPECT_EQ(r.transport, TransportKind::kTcp);
-    EXPECT_NE(r.why.find("shm: not usable here: the peer (process " + std::to_string(target.pid) +
-                         ") may not read this process"),
-              std::string::npos)
-        << r.why;
+    if (r.operations == "send/recv") {
+      ++messages;
+      EXPECT_EQ(r.transport, TransportKind::kTcp);
+      EXPECT_NE(r.why.find("shm: cannot carry send/recv here: " + why), std::string::npos) << r.why;
+    } else {
+      EXPECT_EQ(r.transport, TransportKind::kShm) << r.operations << ": " << r.why;
+    }
   }
+  EXPECT_EQ(messages, 1);
 
   std::vector<uint8_t> buf(kSize), back(kSize);
   Region local = e.register_memory(buf.data(), kSize, Access::kLocal);
@@ -79,10 +85,40 @@ TEST(MultiProcess, ASameHostPeerThatCannotReadUsIsServedOverTcpAndRoutesSayWhy) 
   ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());
   for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
   fill_pattern(buf.data(), kSize, 17);
-  ASSERT_TRUE(peer.write({&whole, 1}).wait(kWait).ok());
-  Transfer again{&check, 0, &target.descriptor, 0, kSize};
+  Transfer odd{&local, 3, &target.descriptor, 70001, kSize - 90001};
+  ASSERT_TRUE(peer.write_with_imm({&odd, 1}, 5).wait(kWait).ok());
+  Transfer again{&check, 0, &target.descriptor, 70001, kSize - 90001};
   ASSERT_TRUE(peer.read({&again, 1}).wait(kWait).ok());
+  EXPECT_EQ(0, std::memcmp(buf.data() + 3, back.data(), kSize - 90001));
+}
+
+// Where cross-memory attach is refused, a region the target allocated is still lent and mapped:
+// once lent, a write and a read complete while the target process is stopped.
+TEST(MultiProcess, AnAllocatedRegionIsMappedWhereCrossMemoryAttachIsRefused) {
+  constexpr std::size_t kSize = 1 << 20;
+  ScopedEnv deny("FERRY_TEST_DENY_CROSS_MEMORY", "1");
+  ScopedEnv allocate("FERRY_TEST_ALLOCATE", "1");
+  TargetProcess target(kSize, "shm");
+  ASSERT_FALSE(target.address.empty());
+  SameHostPeer x(target, {TransportKind::kShm});
+  Peer& peer = x.peer;
+  std::vector<uint8_t> buf(kSize), back(kSize);
+  Region local = x.engine.register_memory(buf.data(), kSize, Access::kLocal);
+  Region check = x.engine.register_memory(back.data(), kSize, Access::kLocal);
+  Transfer whole{&local, 0, &target.descriptor, 0, kSize};
+  ASSERT_TRUE(peer.read({&whole, 1}).wait(kWait).ok());  // through the rings; lent with it
+  for (uint64_t i = 0; i < kSize; i += 4093) ASSERT_EQ(buf[i], target_byte(i)) << i;
+  for (int i = 0; i < 400 && memory_files().all == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(memory_files().all, 1);
+
+  ASSERT_EQ(kill(target.pid, SIGSTOP), 0);
+  fill_pattern(buf.data(), kSize, 29);
+  EXPECT_TRUE(peer.write({&whole, 1}).wait(kWait).ok()) << "a stopped target answers no record";
+  Transfer again{&check, 0, &target.descriptor, 0, kSize};
+  EXPECT_TRUE(peer.read({&again, 1}).wait(kWait).ok());
   EXPECT_EQ(0, std::memcmp(buf.data(), back.data(), kSize));
+  ASSERT_EQ(kill(target.pid, SIGCONT), 0);
 }
 
 // A region the target allocated is lent to us on first use: from then on our writes and reads

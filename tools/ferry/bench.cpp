@@ -205,6 +205,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   c.progress_threads = o.threads;
   if (o.streams) c.tcp.streams = *o.streams;
   if (o.qps) c.verbs.qps = *o.qps;
+  if (o.cross_memory) c.shm.cross_memory = *o.cross_memory;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
   if (o.eager_bytes) c.tcp.eager_bytes = *o.eager_bytes;
@@ -861,6 +862,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   };
   pass("--streams", o.streams);
   pass("--qps", o.qps);
+  pass("--cross-memory", o.cross_memory);
   pass("--slice", o.slice_bytes);
   pass("--stripe", o.stripe_bytes);
   pass("--eager", o.eager_bytes);

@@ -265,6 +265,11 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   add(b, "--qps", o.qps, count(1, kMaxLanes), "Verbs queue pairs per peer")
       ->type_name("N")
       ->default_str(std::to_string(engine.verbs.qps));
+  b.add_option("--cross-memory", o.cross_memory,
+               "Same-host transfers with process_vm_readv (1); 0: mapped regions and the "
+               "shared-memory rings only, as where the kernel refuses it")
+      ->type_name("0|1")
+      ->default_str(engine.shm.cross_memory ? "1" : "0");
   add(b, "--slice", o.slice_bytes, bytes(kMinSlice, kMaxSlice), "Slice size of large transfers")
       ->type_name("SIZE")
       ->default_str(human_size(engine.slice_bytes));

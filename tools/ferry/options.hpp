@@ -37,6 +37,7 @@ struct BenchOptions {
   // Unset: the engine's default (ferry::Config).
   std::optional<int> streams;
   std::optional<int> qps;
+  std::optional<bool> cross_memory;  // shm: process_vm_readv between the two processes
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;

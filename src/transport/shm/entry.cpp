@@ -5,27 +5,32 @@
 namespace ferry::transport {
 namespace {
 
-std::unique_ptr<Transport> open(const Config& config, std::string& why) {
-  if (!config.shm.cross_memory) {
-    why = "cross-memory attach is off (Config::shm.cross_memory)";
-    return nullptr;
-  }
+// Why this process may not use process_vm_readv, or "" when it may.
+std::string no_cross_memory(const Config& config) {
+  if (!config.shm.cross_memory) return "Config::shm.cross_memory is false";
+  std::string why;
+  if (!shm::cross_memory_allowed(why)) return "process_vm_readv is refused (" + why + ")";
+  return {};
+}
+
+std::unique_ptr<Transport> open(const Config& config, std::string&) {
   if (config.shm.copy_threads < 0 || config.shm.copy_threads > shm::kMaxCopyThreads) {
     throw Error(ErrorCode::kInvalidArgument,
                 "config: shm.copy_threads must be 0.." + std::to_string(shm::kMaxCopyThreads));
   }
-  if (!shm::cross_memory_allowed(why)) return nullptr;
-  return std::make_unique<shm::ShmTransport>(config.shm.copy_threads);
+  return std::make_unique<shm::ShmTransport>(config.shm.copy_threads, no_cross_memory(config));
 }
 
 TransportInfo describe() {
-  TransportInfo info{TransportKind::kShm, false, {}, {}};
-  std::string why;
-  info.usable = shm::cross_memory_allowed(why);
-  info.detail = info.usable
-                    ? "processes of this host: one copy with process_vm_readv, records over a "
-                      "Unix socket (each pair proves it may read the other when it connects)"
-                    : "process_vm_readv is refused in this process: " + why;
+  TransportInfo info{TransportKind::kShm, true, {}, {}};
+  std::string why = no_cross_memory(Config{});
+  info.detail =
+      why.empty()
+          ? "processes of this host: one copy with process_vm_readv, records in shared-memory "
+            "rings (each pair proves it may read the other when it connects)"
+          : why +
+                ": engine-allocated regions are mapped, other writes and reads travel "
+                "through shared-memory rings (two copies), messages over the next transport";
   return info;
 }
 

@@ -1,6 +1,7 @@
 #include "transport/shm/shm_channel.hpp"
 
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
@@ -17,17 +19,94 @@ namespace ferry::transport::shm {
 
 namespace {
 
+// The channel whose records this thread handles now (a completion callback runs inside).
+thread_local const ShmChannel* polling_channel = nullptr;
+
 // Connections the listener's socket queues: the dialer's, plus room for strangers who read the
 // name in /proc/net/unix and connected first (refused by their pid, never served).
 constexpr int kBacklog = 4;
-// The socket's send buffer: several records in flight each way. The kernel caps it at
-// net.core.wmem_max (208 KiB by default), which holds kRequestsInFlight small requests.
-constexpr int kSocketBufferBytes = 1 << 20;
 constexpr std::size_t kHelloBytes = sizeof(Nonce) + 1;
-// Descriptors a received record's control buffer holds: one belongs (a MAP's file); room for
-// a few more so that the kernel hands extra ones over (to be closed) rather than drop them
-// silently with MSG_CTRUNC.
+// Descriptors a socket message's control buffer holds: one or two belong (a lent region's
+// file; a ring and its bell); room for a few more so that the kernel hands extra ones over (to
+// be closed) rather than drop them silently with MSG_CTRUNC.
 constexpr std::size_t kControlSpaceFds = 4;
+using Files = std::array<core::Fd, kControlSpaceFds>;
+
+// Sends `bytes` with `files` attached (SCM_RIGHTS); `full` when the socket has no room.
+Status send_with_files(int fd, std::span<const uint8_t> bytes, std::span<const int> files,
+                       bool& full) {
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
+  if (!files.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(files.size() * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(files.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), files.data(), files.size() * sizeof(int));
+  }
+  full = false;
+  ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n == static_cast<ssize_t>(bytes.size())) return {};
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    full = true;
+    return {};
+  }
+  if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+    return {ErrorCode::kPeerLost, "shm: the peer closed its socket"};
+  }
+  return core::sys_status("sendmsg (shm socket)");
+}
+
+// Receives one message into `into` (`length` its size, 0 when none waits) and the files it
+// carries, every one owned before anything is checked so that none leaks.
+Status receive_with_files(int fd, std::span<uint8_t> into, std::size_t& length, Files& files,
+                          std::size_t& file_count) {
+  iovec iov{into.data(), into.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+  length = 0;
+  file_count = 0;
+  bool stray_control = false;
+  for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+      stray_control = true;
+      continue;
+    }
+    std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
+      if (file_count < files.size()) {
+        files[file_count++] = core::Fd(received);
+      } else {
+        ::close(received);
+      }
+    }
+  }
+  if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+    if (errno == ECONNRESET) return {ErrorCode::kPeerLost, "shm: the peer reset the connection"};
+    return core::sys_status("recvmsg (shm socket)");
+  }
+  if (stray_control || (msg.msg_flags & MSG_CTRUNC) || static_cast<std::size_t>(n) > into.size()) {
+    return {ErrorCode::kProtocol, "shm socket: a message of " + std::to_string(n) +
+                                      " bytes or control data that does not belong"};
+  }
+  length = static_cast<std::size_t>(n);
+  return {};
+}
 
 socklen_t abstract_address(const Nonce& name, sockaddr_un& out) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -84,21 +163,24 @@ bool cross_memory_allowed(std::string& why) {
   return false;
 }
 
-ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool)
+ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
+                       std::string no_cross_memory)
     : host_(args.host),
       pool_(std::move(pool)),
       link_(std::move(args.link)),
       on_closed_(std::move(args.on_closed)),
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
+      no_cross_memory_(std::move(no_cross_memory)),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
 
 ShmChannel::~ShmChannel() { unmap_all(); }
 
 Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                          std::shared_ptr<ShmChannel>& out) {
-  std::shared_ptr<ShmChannel> channel(new ShmChannel(std::move(args), std::move(pool)));
+                          std::string no_cross_memory, std::shared_ptr<ShmChannel>& out) {
+  std::shared_ptr<ShmChannel> channel(
+      new ShmChannel(std::move(args), std::move(pool), std::move(no_cross_memory)));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -109,9 +191,11 @@ Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
 
 std::size_t ShmChannel::worst_case_bytes() {
   // The receive buffer, the request being sent, every queued answer at its largest, a pull's
-  // iovecs and region uses, an inline answer's scratch, the grants, the control records and
-  // the regions lent. (Mapped regions cost address space and a descriptor each, not memory.)
-  return sizeof(ShmChannel) + 3 * kMaxRecordBytes + 2 * kRequestsInFlight * kMaxRecordBytes +
+  // iovecs and region uses, an inline answer's scratch, the grants, the control records, the
+  // regions lent and our ring. (Mapped regions and the peer's ring cost address space and a
+  // descriptor each, not memory: their pages are the peer's.)
+  return sizeof(ShmChannel) + kRingFileBytes + 3 * kMaxRecordBytes +
+         2 * kRequestsInFlight * kMaxRecordBytes +
          kMaxEntries * (2 * sizeof(iovec) + sizeof(RegionUse)) + kRequestsInFlight * sizeof(Held) +
          kControlRecords * sizeof(Control) + kMaxMappings * sizeof(Held);
 }
@@ -168,7 +252,7 @@ Status ShmChannel::connect(std::span<const uint8_t> remote) {
   Address a;
   if (Status s = decode(remote, a); !s.ok()) return s;
   peer_pid_ = static_cast<pid_t>(a.pid);
-  reads_peer_ = probe_peer(a);
+  reads_peer_ = no_cross_memory_.empty() && probe_peer(a);
   if (!dialer_) return {};  // the dialer connects to our socket, checked in attach_side
   peer_reads_ = a.reads_peer;
   core::Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
@@ -179,18 +263,54 @@ Status ShmChannel::connect(std::span<const uint8_t> remote) {
     return core::sys_status("connect (the peer's shm socket)", errno, ErrorCode::kConnectFailed);
   }
   if (Status s = check_peer_credentials(fd.get()); !s.ok()) return s;
-  uint8_t hello[kHeaderBytes + kHelloBytes];
+  if (Status s = make_ring(); !s.ok()) return s;
+  std::array<uint8_t, kHelloBytes> hello{};
+  std::memcpy(hello.data(), a.token.data(), a.token.size());
+  hello.back() = reads_peer_ ? 1 : 0;
+  if (Status s = send_ring(fd.get(), hello); !s.ok()) return s;
+  fd_ = std::move(fd);
+  return {};
+}
+
+Status ShmChannel::make_ring() {
+  if (Status s = Ring::create(inbound_); !s.ok()) return s;
+  bell_ = core::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!bell_.valid()) return core::sys_status("eventfd (shm bell)");
+  return {};
+}
+
+Status ShmChannel::send_ring(int fd, std::span<const uint8_t> payload) {
+  std::array<uint8_t, kHeaderBytes + kHelloBytes> record{};
   Header h;
   h.type = Record::kHello;
-  h.payload = kHelloBytes;
-  put_header(h, hello);
-  std::memcpy(hello + kHeaderBytes, a.token.data(), a.token.size());
-  hello[sizeof hello - 1] = reads_peer_ ? 1 : 0;
-  if (::send(fd.get(), hello, sizeof hello, MSG_DONTWAIT | MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(sizeof hello)) {
-    return core::sys_status("send (shm hello)", errno, ErrorCode::kConnectFailed);
+  h.payload = static_cast<uint32_t>(payload.size());
+  put_header(h, record.data());
+  std::memcpy(record.data() + kHeaderBytes, payload.data(), payload.size());
+  const int files[] = {inbound_.file(), bell_.get()};
+  bool full = false;
+  Status s = send_with_files(fd, {record.data(), kHeaderBytes + payload.size()}, files, full);
+  if (s.ok() && full) s = {ErrorCode::kConnectFailed, "shm: the socket took no hello"};
+  return s;
+}
+
+Status ShmChannel::take_ring(int fd, std::vector<uint8_t>& hello) {
+  std::array<uint8_t, kHeaderBytes + kHelloBytes + 1> record{};
+  Files files;
+  std::size_t length = 0, count = 0;
+  if (Status s = receive_with_files(fd, record, length, files, count); !s.ok()) return s;
+  View v;
+  if (length == 0 || !parse({record.data(), length}, v).ok() || v.header.type != Record::kHello ||
+      v.payload.size() != kHelloBytes || count != 2) {
+    return {ErrorCode::kProtocol, "shm: the peer's hello is not a ring, its bell and " +
+                                      std::to_string(kHelloBytes) + " bytes"};
   }
-  fd_ = std::move(fd);
+  if (Status s = check_bell(files[1].get()); !s.ok()) return s;
+  Ring ring;
+  if (Status s = Ring::open(std::move(files[0]), ring); !s.ok()) return s;
+  hello.assign(v.payload.begin(), v.payload.end());
+  std::lock_guard lock(send_mu_);
+  outbound_ = std::move(ring);
+  peer_bell_ = std::move(files[1]);
   return {};
 }
 
@@ -211,31 +331,45 @@ Status ShmChannel::attach_side(int index, core::Fd barrier) {
         return core::sys_status("accept4 (shm socket)");
       }
       if (!check_peer_credentials(conn.get()).ok()) continue;  // a stranger: refused
-      uint8_t hello[kHeaderBytes + kHelloBytes + 1];
-      ssize_t n = ::recv(conn.get(), hello, sizeof hello, MSG_DONTWAIT);
-      View v;
-      if (n != static_cast<ssize_t>(kHeaderBytes + kHelloBytes) ||
-          !parse({hello, static_cast<std::size_t>(n)}, v).ok() || v.header.type != Record::kHello ||
-          !same_bytes(v.payload.first(token_.size()), token_)) {
-        return {ErrorCode::kProtocol, "shm: the peer's socket did not present the session token"};
+      std::vector<uint8_t> hello;
+      Status s = take_ring(conn.get(), hello);
+      if (!s.ok() || !same_bytes(std::span(hello).first(token_.size()), token_)) {
+        return {ErrorCode::kProtocol,
+                "shm: the peer's socket did not present the session token and its ring" +
+                    (s.ok() ? std::string() : " (" + s.message() + ")")};
       }
-      peer_reads_ = v.payload[token_.size()] != 0;
+      peer_reads_ = hello[token_.size()] != 0;
+      if (s = make_ring(); !s.ok()) return s;
+      std::array<uint8_t, kHelloBytes> reply{};
+      if (s = send_ring(conn.get(), reply); !s.ok()) return s;
       fd_ = std::move(conn);
     }
     listener_.reset();
   }
   if (!fd_.valid()) return {ErrorCode::kProtocol, "shm: side connection before the address"};
-  if (!reads_peer_) {
-    unusable_ = "process_vm_readv of the peer (process " + std::to_string(peer_pid_) +
-                ") is refused here (kernel.yama.ptrace_scope, another user, or seccomp)";
+  // Without cross-memory attach both ways, nothing is pulled: small slices ride in the
+  // records, engine-allocated regions are mapped, and messages take the next channel.
+  if (!no_cross_memory_.empty()) {
+    no_cross_memory_ = "cross-memory attach is off here: " + no_cross_memory_;
+  } else if (!reads_peer_) {
+    no_cross_memory_ = "process_vm_readv of the peer (process " + std::to_string(peer_pid_) +
+                       ") is refused here (kernel.yama.ptrace_scope, another user, or seccomp)";
   } else if (!peer_reads_) {
-    unusable_ = "the peer (process " + std::to_string(peer_pid_) +
-                ") may not read this process with process_vm_readv";
+    no_cross_memory_ = "the peer (process " + std::to_string(peer_pid_) +
+                       ") may not read this process with process_vm_readv";
   }
   return start();
 }
 
-std::string ShmChannel::unusable() const { return unusable_; }
+uint32_t ShmChannel::lacks(std::string& why) const {
+  if (no_cross_memory_.empty()) return 0;
+  why = no_cross_memory_;
+  return kCapMessages;  // a large message is pulled into its receive
+}
+
+uint64_t ShmChannel::max_slice_bytes() const {
+  return no_cross_memory_.empty() ? 0 : kInlineBytes;  // every slice rides in its record
+}
 
 Status ShmChannel::start() {
   in_.resize(kMaxRecordBytes);
@@ -244,16 +378,27 @@ Status ShmChannel::start() {
   remote_iov_.reserve(kMaxEntries);
   uses_.reserve(kMaxEntries);
   grants_.reserve(kRequestsInFlight);
-  int buffer = kSocketBufferBytes;
-  (void)::setsockopt(fd_.get(), SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  bell_handler_.channel = this;
   std::lock_guard lock(close_mu_);
   if (closing_.load()) return {ErrorCode::kPeerLost, "shm: connection already closed"};
   keep_alive_ = shared_from_this();
-  if (Status s = host_.reactor().add(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP, this); !s.ok()) {
+  // The dialer reads the listener's hello (its ring) from the socket; after it, the socket is
+  // read only when a record announces a file on it.
+  uint32_t events = EPOLLRDHUP | (dialer_ ? uint32_t{EPOLLIN} : 0u);
+  Status s = host_.reactor().add(loop_, fd_.get(), events, this);
+  if (s.ok()) {
+    s = host_.reactor().add(loop_, bell_.get(), EPOLLIN, &bell_handler_);
+    if (!s.ok()) host_.reactor().remove(loop_, fd_.get());
+  }
+  if (!s.ok()) {
     keep_alive_.reset();
     return s;
   }
   started_ = true;
+  link_->pool->set_progress(this);
+  host_.reactor().post(loop_, [self = shared_from_this()] {
+    if (!self->stopped_) self->host_.reactor().add_poller(self->loop_, self.get());
+  });
   return {};
 }
 
@@ -284,89 +429,75 @@ Status ShmChannel::enqueue_locked(OpState* op) {
   return pump_locked();
 }
 
-Status ShmChannel::send_locked(std::span<const uint8_t> record, bool& full, int file) {
-  iovec iov{const_cast<uint8_t*>(record.data()), record.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (file >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &file, sizeof file);
-  }
-  ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n == static_cast<ssize_t>(record.size())) return {};
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-    full = true;
-    return {};
-  }
-  if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-    return {ErrorCode::kPeerLost, "shm: the peer closed its socket"};
-  }
-  return core::sys_status("send (shm record)");
+void ShmChannel::send_locked(std::span<const uint8_t> record, bool& full) {
+  full = !outbound_.valid() || !outbound_.write(record);
+}
+
+Status ShmChannel::send_file_locked(uint32_t region, int file, bool& full) {
+  uint8_t body[sizeof region];
+  std::memcpy(body, &region, sizeof region);
+  return send_with_files(fd_.get(), body, std::span(&file, 1), full);
 }
 
 Status ShmChannel::pump_locked() {
   if (send_closed_) return {};
-  for (;;) {
-    bool full = false;
-    while (control_count_ > 0) {
+  const uint64_t published = written_;
+  Status s;
+  bool full = false;
+  bool socket_full = false;
+  while (!full) {
+    if (control_count_ > 0) {
       Control& c = controls_[control_head_];
-      if (Status s = send_locked({c.bytes.data(), c.length}, full, c.file.get()); !s.ok()) {
-        return s;
+      if (c.file.valid() && !c.file_sent) {
+        // The file goes first: its record, once the peer reads it, finds it on the socket.
+        if (s = send_file_locked(c.region, c.file.get(), socket_full); !s.ok() || socket_full) {
+          break;
+        }
+        c.file_sent = true;
       }
-      if (full) {
-        arm_locked(true);
-        return {};
-      }
+      send_locked({c.bytes.data(), c.length}, full);
+      if (full) break;
       c.file.reset();
+      c.file_sent = false;
       control_head_ = (control_head_ + 1) % controls_.size();
       --control_count_;
-    }
-    while (answer_count_ > 0) {
-      if (Status s = send_locked(answers_[answer_head_], full); !s.ok()) return s;
-      if (full) {
-        arm_locked(true);
-        return {};
-      }
+    } else if (answer_count_ > 0) {
+      send_locked(answers_[answer_head_], full);
+      if (full) break;
       answer_head_ = (answer_head_ + 1) % answers_.size();
       --answer_count_;
-    }
-    while (!late_answers_.empty()) {
-      if (Status s = send_locked(late_answers_.front(), full); !s.ok()) return s;
-      if (full) {
-        arm_locked(true);
-        return {};
-      }
+    } else if (!late_answers_.empty()) {
+      send_locked(late_answers_.front(), full);
+      if (full) break;
       late_answers_.pop_front();
+    } else {
+      if (!request_pending_) {
+        if (queue_head_ == nullptr || credits_ == 0) break;
+        encode_request_locked(queue_head_);
+        request_pending_ = true;
+        --credits_;
+      }
+      send_locked({out_.data(), out_length_}, full);
+      if (full) break;
+      request_pending_ = false;
     }
-    if (!request_pending_) {
-      if (queue_head_ == nullptr || credits_ == 0) break;
-      encode_request_locked(queue_head_);
-      request_pending_ = true;
-      --credits_;
-    }
-    if (Status s = send_locked({out_.data(), out_length_}, full); !s.ok()) return s;
-    if (full) {
-      arm_locked(true);
-      return {};
-    }
-    request_pending_ = false;
+    ++written_;
   }
-  arm_locked(false);
-  return {};
+  arm_locked(socket_full);
+  // One bell for what this pump wrote, when the peer polls its ring no more.
+  if (written_ != published && outbound_.wake_needed()) ring_bell(peer_bell_.get());
+  return s;
 }
 
 void ShmChannel::arm_locked(bool out) {
   if (out == want_out_ || !started_) return;
   want_out_ = out;
-  (void)host_.reactor().modify(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u),
-                               this);
+  (void)host_.reactor().modify(loop_, fd_.get(), socket_events_locked(), this);
+}
+
+uint32_t ShmChannel::socket_events_locked() const {
+  return EPOLLRDHUP | (want_out_ ? uint32_t{EPOLLOUT} : 0u) |
+         (outbound_.valid() ? 0u : uint32_t{EPOLLIN});
 }
 
 void ShmChannel::encode_request_locked(OpState* op) {
@@ -526,6 +657,7 @@ Status ShmChannel::send_control(const Header& h, const Entry* entry, core::Fd fi
   if (entry != nullptr) {
     put_entry(*entry, c.bytes.data() + kHeaderBytes);
     c.length += kEntryBytes;
+    c.region = entry->region;
   }
   c.file = std::move(file);
   ++control_count_;
@@ -537,74 +669,175 @@ Status ShmChannel::send_control(const Header& h, const Entry* entry, core::Fd fi
 void ShmChannel::on_event(uint32_t events) {
   if (stopped_) return;
   Status s;
-  if (events & EPOLLOUT) {
+  if (events & EPOLLIN) {
+    bool waiting;
+    {
+      std::lock_guard lock(send_mu_);
+      waiting = !outbound_.valid();
+    }
+    if (waiting) {
+      std::vector<uint8_t> hello;
+      s = take_ring(fd_.get(), hello);
+      if (s.ok()) {
+        std::lock_guard lock(send_mu_);
+        (void)host_.reactor().modify(loop_, fd_.get(), socket_events_locked(), this);
+        // What waited for the ring goes now; and the listener may wait for room already.
+        s = pump_locked();
+        ring_bell(peer_bell_.get());
+      }
+    }
+  }
+  if (s.ok() && (events & EPOLLOUT)) {
     std::lock_guard lock(send_mu_);
     s = pump_locked();
   }
-  // Records queued before a hang-up are still read: the peer's last answers complete ops.
-  if (s.ok() && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) s = receive();
+  if (s.ok() && (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+    // What the peer wrote before it hung up is still handled: its last answers complete ops.
+    bool more = false;
+    lock_polling();
+    if (!stopped_) s = consume(false, more);
+    unlock_polling();
+    if (s.ok()) s = {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
+  }
   if (!s.ok()) close(s);
 }
 
-Status ShmChannel::receive() {
+void ShmChannel::on_bell() {
+  if (stopped_) return;
+  eventfd_t rings = 0;
+  (void)::eventfd_read(bell_.get(), &rings);
+  inbound_.woken();
+  Status s;
+  {
+    std::lock_guard lock(send_mu_);  // the peer rings for room it freed, too
+    s = pump_locked();
+  }
+  bool more = false;
+  if (s.ok()) {
+    lock_polling();
+    if (!stopped_) s = consume(true, more);
+    unlock_polling();
+  }
+  if (!s.ok()) {
+    close(s);
+  } else if (more) {
+    // The loop serves its other channels first; the bell need not ring for what waits.
+    host_.reactor().post(loop_, [self = shared_from_this()] { self->on_bell(); });
+  }
+}
+
+Status ShmChannel::consume(bool budget, bool& more) {
+  more = false;
   std::size_t pulled = 0;
-  for (int i = 0; i < kRecordsPerWake && pulled < kPullBytesPerWake; ++i) {
-    iovec iov{in_.data(), in_.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-    // Every descriptor received is owned (and closed unless a kMap record takes the one it
-    // may carry) before anything is checked: an extra one must not leak.
-    std::array<core::Fd, kControlSpaceFds> files;
-    std::size_t file_count = 0;
-    bool stray_control = false;
-    for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
-         c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
-        stray_control = true;
-        continue;
-      }
-      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int received = -1;
-        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
-        if (file_count < files.size()) {
-          files[file_count++] = core::Fd(received);
-        } else {
-          ::close(received);
-        }
-      }
+  Status s;
+  for (int i = 0;; ++i) {
+    if (budget && (i >= kRecordsPerWake || pulled >= kPullBytesPerWake)) {
+      more = inbound_.pending();
+      break;
     }
-    if (n >= 0 && (stray_control || file_count > 1 || (msg.msg_flags & MSG_CTRUNC))) {
-      return {ErrorCode::kProtocol, "shm record: a control message other than one descriptor"};
-    }
-    core::Fd& file = files[0];
-    if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
-      if (errno == ECONNRESET) return {ErrorCode::kPeerLost, "shm: the peer reset the connection"};
-      return core::sys_status("recv (shm record)");
-    }
-    if (static_cast<std::size_t>(n) > in_.size()) {
-      return {ErrorCode::kProtocol, "shm record: " + std::to_string(n) + " bytes, more than " +
-                                        std::to_string(in_.size())};
-    }
+    std::size_t length = 0;
+    if (s = inbound_.read(in_, length); !s.ok() || length == 0) break;
     View v;
-    if (Status s = parse({in_.data(), static_cast<std::size_t>(n)}, v); !s.ok()) return s;
-    if (file.valid() != (v.header.type == Record::kMap)) {
-      return {ErrorCode::kProtocol,
-              "shm record: a descriptor where none belongs, or none with a map"};
+    if (s = parse({in_.data(), length}, v); !s.ok()) break;
+    if (v.header.type == Record::kMap) {
+      core::Fd file;
+      s = receive_file(v.entry(0).region, file);
+      if (s.ok()) s = on_map(v, std::move(file));
+    } else {
+      s = handle(v, pulled);
     }
-    if (Status s = v.header.type == Record::kMap ? on_map(v, std::move(file)) : handle(v, pulled);
-        !s.ok()) {
-      return s;
+    if (!s.ok()) break;
+  }
+  if (inbound_.room_wanted()) {
+    std::lock_guard lock(send_mu_);
+    if (peer_bell_.valid()) ring_bell(peer_bell_.get());
+  }
+  return s;
+}
+
+Status ShmChannel::receive_file(uint32_t region, core::Fd& file) {
+  uint8_t body[sizeof region + 1];
+  Files files;
+  std::size_t length = 0, count = 0;
+  if (Status s = receive_with_files(fd_.get(), body, length, files, count); !s.ok()) return s;
+  uint32_t named = 0;
+  if (length == sizeof region) std::memcpy(&named, body, sizeof named);
+  if (length != sizeof region || named != region || count != 1) {
+    return {ErrorCode::kProtocol,
+            "shm: region " + std::to_string(region) + " lent without its file on the socket"};
+  }
+  file = std::move(files[0]);
+  return {};
+}
+
+bool ShmChannel::try_lock_polling() {
+  if (polling_.exchange(true, std::memory_order_acquire)) return false;
+  polling_channel = this;
+  return true;
+}
+
+void ShmChannel::lock_polling() {
+  while (!try_lock_polling()) std::this_thread::yield();  // a waiter's turn is one budget
+}
+
+void ShmChannel::unlock_polling() {
+  polling_channel = nullptr;
+  polling_.store(false, std::memory_order_release);
+}
+
+bool ShmChannel::polling_on_this_thread() const { return polling_channel == this; }
+
+void ShmChannel::begin_polling() { inbound_.poll_begin(); }
+
+bool ShmChannel::poll() {
+  if (!inbound_.pending()) return false;
+  try_consume();  // else a waiter takes them
+  return true;
+}
+
+bool ShmChannel::try_consume() {
+  if (!try_lock_polling()) return false;
+  bool more = false;
+  Status s = stopped_ ? Status() : consume(true, more);
+  unlock_polling();
+  if (!s.ok()) close(s);
+  return true;
+}
+
+void ShmChannel::end_polling() {
+  if (inbound_.poll_end()) ring_bell(bell_.get());
+}
+
+void ShmChannel::progress() {
+  // Holding a reference: a completion callback may drop the last other one.
+  std::shared_ptr<ShmChannel> self = weak_from_this().lock();
+  if (self && !polling_on_this_thread()) try_consume();
+}
+
+void ShmChannel::spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool) {
+  std::shared_ptr<ShmChannel> self = weak_from_this().lock();
+  if (!self) return;
+  inbound_.poll_begin();  // the peer rings no bell while we look
+  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
+  const bool nested = polling_on_this_thread();
+  std::chrono::steady_clock::time_point until;
+  for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
+    if (!nested && inbound_.pending()) try_consume();
+    // The clock every few polls: a clock read costs as much as a look at the ring.
+    if (i % 8 == 7) {
+      auto now = std::chrono::steady_clock::now();
+      if (i == 7) until = now + budget;
+      if (now >= until) break;
     }
   }
-  return {};  // more to read: epoll reports the socket again, after the loop's other events
+  end_polling();  // records that came while we looked and nobody took: the progress thread's
+}
+
+void ShmChannel::unwatched() {
+  std::shared_ptr<ShmChannel> self = weak_from_this().lock();
+  if (!self) return;
+  begin_polling();
+  end_polling();
 }
 
 Status ShmChannel::handle(const View& r, std::size_t& pulled) {
@@ -632,7 +865,7 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
     case Record::kSendAck:
       return on_answer(r, pulled);
     case Record::kHello:
-    case Record::kMap:  // taken with its descriptor in receive()
+    case Record::kMap:  // taken with its file in consume()
       break;
   }
   return {ErrorCode::kProtocol, "shm record: hello after set-up"};
@@ -640,6 +873,9 @@ Status ShmChannel::handle(const View& r, std::size_t& pulled) {
 
 Status ShmChannel::pull(const iovec* local, const iovec* remote, std::size_t n,
                         uint64_t total) const {
+  if (!no_cross_memory_.empty()) {
+    return {ErrorCode::kProtocol, "shm: asked to pull where " + no_cross_memory_};
+  }
   return pool_->pull(peer_pid_, local, remote, n, total);
 }
 
@@ -869,11 +1105,13 @@ Status ShmChannel::into_receive(OpState* recv, uint64_t op_id, uint64_t tag, con
 void ShmChannel::taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv) {
   link_->matcher.release(0);
   host_.reactor().post(loop_, [self = shared_from_this(), op_id, tag, e, recv] {
-    if (self->stopped_) return;  // closing fails the receive with the peer's other ops
+    self->lock_polling();
     std::size_t pulled = 0;
-    if (Status s = self->into_receive(recv, op_id, tag, e, nullptr, true, pulled); !s.ok()) {
-      self->close(s);
-    }
+    // Once stopped, closing fails the receive with the peer's other ops.
+    Status s =
+        self->stopped_ ? Status() : self->into_receive(recv, op_id, tag, e, nullptr, true, pulled);
+    self->unlock_polling();
+    if (!s.ok()) self->close(s);
   });
 }
 
@@ -1003,21 +1241,24 @@ void ShmChannel::close(const Status& reason) {
 void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), base, length, why] {
+    self->lock_polling();
+    bool touched = false;
     for (const auto* held : {&self->grants_, &self->lent_}) {
-      for (const Held& h : *held) {
-        if (overlaps(h.base, h.length, base, length)) {
-          self->close(why);
-          return;
-        }
-      }
+      for (const Held& h : *held) touched = touched || overlaps(h.base, h.length, base, length);
     }
+    self->unlock_polling();
+    if (touched) self->close(why);
   });
 }
 
 void ShmChannel::stop() {
   if (stopped_) return;
+  link_->pool->clear_progress(this);  // callers' waits poll the ring no more
+  lock_polling();
   stopped_ = true;
+  host_.reactor().remove_poller(loop_, this);
   host_.reactor().remove(loop_, fd_.get());
+  host_.reactor().remove(loop_, bell_.get());
   {
     std::lock_guard lock(send_mu_);
     send_closed_ = true;
@@ -1032,6 +1273,7 @@ void ShmChannel::stop() {
   grants_.clear();  // the peer pulls no more: the regions may go
   lent_.clear();    // what it mapped holds memory the engine frees only after deregistration
   unmap_all();
+  unlock_polling();
   host_.reactor().retire(loop_, std::move(keep_alive_));
   report_closed();
 }
@@ -1062,7 +1304,9 @@ void ShmChannel::report_closed() {
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
-  if (Status s = ShmChannel::create(std::move(args), pool_, channel); !s.ok()) return s;
+  if (Status s = ShmChannel::create(std::move(args), pool_, no_cross_memory_, channel); !s.ok()) {
+    return s;
+  }
   out = std::move(channel);
   return {};
 }

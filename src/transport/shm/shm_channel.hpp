@@ -1,6 +1,6 @@
 // The same-host transport: two processes of one host move bytes with cross-memory attach
 // (process_vm_readv), one copy from the source's memory to the destination's, and exchange
-// requests and answers as records over a Unix SOCK_SEQPACKET connection.
+// requests and answers as records in shared-memory rings, one per direction (shm_ring.hpp).
 //
 // The process whose memory changes does the copy ("destination pulls"): a write is pulled by
 // the target into its region, after its region table allowed the access, exactly where TCP
@@ -18,11 +18,19 @@
 // channel off after Config::revoke_timeout; the engine frees the memory only after that, so a
 // peer that keeps writing into its mapping writes into memory nobody else uses.
 //
+// Records reach a consumer without a system call while one of its threads polls its ring: a
+// caller waiting for an op (Future::wait spins over the ring as over a completion queue) or
+// the progress thread. Otherwise the producer rings the consumer's bell, an eventfd in its
+// progress thread's epoll set. Whoever polls handles every record (requests too), one thread
+// at a time (polling_).
+//
 // Set-up (docs/architecture.md, "Same-host transport"): the listener binds an abstract socket
 // with a random name, sent only over the (authenticated) control connection; the dialer
 // connects, and both check the other's pid with SO_PEERCRED and prove cross-memory attach by
-// reading a nonce from the other's memory. The engine's one side connection is the barrier: the
-// listener publishes its peer only once the socket is accepted and checked.
+// reading a nonce from the other's memory. Each side sends its ring and bell over the socket
+// (SCM_RIGHTS), which then carries only the files of regions lent and tells of a hang-up. The
+// engine's one side connection is the barrier: the listener publishes its peer only once the
+// socket is accepted and checked.
 #pragma once
 
 #include <sys/types.h>
@@ -41,7 +49,9 @@
 
 #include "core/net.hpp"
 #include "transport/contract.hpp"
+#include "transport/op.hpp"
 #include "transport/shm/copy_pool.hpp"
+#include "transport/shm/shm_ring.hpp"
 #include "transport/shm/shm_wire.hpp"
 
 namespace ferry::transport::shm {
@@ -74,10 +84,13 @@ bool cross_memory_allowed(std::string& why);
 
 class ShmChannel final : public Channel,
                          public core::Reactor::Handler,
+                         public core::Reactor::Poller,
+                         public ProgressSource,
                          public std::enable_shared_from_this<ShmChannel> {
  public:
+  // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
   static Status create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::shared_ptr<ShmChannel>& out);
+                       std::string no_cross_memory, std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
   static std::size_t worst_case_bytes();
@@ -90,7 +103,8 @@ class ShmChannel final : public Channel,
   // The engine's side connection is a barrier: the socket is checked when it arrives.
   int side_connections() const override { return 1; }
   Status attach_side(int index, core::Fd fd) override;
-  std::string unusable() const override;
+  uint32_t lacks(std::string& why) const override;
+  uint64_t max_slice_bytes() const override;
   int lanes() const override { return 1; }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
@@ -101,32 +115,55 @@ class ShmChannel final : public Channel,
 
   void revoking(uint32_t region_id) override;
 
+  // The socket: a hang-up, room to send a lent region's file, or (dialer) the listener's ring.
   void on_event(uint32_t events) override;
+
+  // While the progress thread busy-polls (Config::busy_poll), it polls our ring too.
+  void begin_polling() override;
+  bool poll() override;
+  void end_polling() override;
+
+  void progress() override;
+  void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool messages) override;
+  void unwatched() override;
+
   // A held message was matched by a receive (Rendezvous::matched; any thread).
   void taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv);
 
  private:
-  ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool);
+  ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool, std::string no_cross_memory);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
   bool probe_peer(const Address& peer) const;
   Status start();
+  // Our ring and bell, created for the peer to produce into.
+  Status make_ring();
+  // Sends a kHello record with our ring and bell attached.
+  Status send_ring(int fd, std::span<const uint8_t> payload);
+  // Takes the peer's ring and bell from a kHello record received on `fd`.
+  Status take_ring(int fd, std::vector<uint8_t>& hello);
 
   // ---- send side, under send_mu_ ----
-  // Sends answers owed, then requests while credits last; arms EPOLLOUT when the socket is
-  // full. An error closes the channel (the caller, outside the lock).
+  // Writes the records owed (control records, answers), then requests while credits last,
+  // until the peer's ring is full; arms EPOLLOUT when a lent region's file waits for the
+  // socket; rings the peer's bell once for what it wrote. An error closes the channel (the caller,
+  // outside the lock).
   Status pump_locked();
   // Appends `op` to the send queue, then pump_locked().
   Status enqueue_locked(OpState* op);
-  // Sends one record, with `file` attached (SCM_RIGHTS) when it is one.
-  Status send_locked(std::span<const uint8_t> record, bool& full, int file = -1);
+  // Writes one record into the peer's ring; `full` when it lacks room (the peer rings our bell
+  // once it freed some).
+  void send_locked(std::span<const uint8_t> record, bool& full);
+  // Sends a lent region's file over the socket, ahead of its kMap record.
+  Status send_file_locked(uint32_t region, int file, bool& full);
   // Encodes the queue head's next request into out_.
   void encode_request_locked(OpState* op);
   void arm_locked(bool out);
+  uint32_t socket_events_locked() const;
   // An answer gave back a request's credit.
   Status take_credit_back_locked();
-  // Queues an answer (loop thread).
+  // Queues an answer (the polling right's holder).
   // `held`: the final answer to a send the receiver held (its credit came back already), queued
   // apart from the answers that requests in flight bound.
   Status respond(const Header& h, std::span<const uint8_t> table = {},
@@ -136,8 +173,21 @@ class ShmChannel final : public Channel,
   // Queues a record of the mapped path (kMap with its file, kRevoke, kUnmapped).
   Status send_control(const Header& h, const Entry* entry = nullptr, core::Fd fd = {});
 
-  // ---- receive side, loop thread ----
-  Status receive();
+  // ---- receive side: whoever holds polling_ ----
+  bool try_lock_polling();
+  void lock_polling();
+  void unlock_polling();
+  bool polling_on_this_thread() const;
+  // Our bell rang (the progress thread).
+  void on_bell();
+  // Handles records from our ring, at most a wake-up's budget (`budget`) or all (a hang-up);
+  // `more`: records wait beyond the budget.
+  Status consume(bool budget, bool& more);
+  // Handles a budget of records if the polling right is free (false when it is not); a
+  // failure closes the channel.
+  bool try_consume();
+  // The file a kMap record announced, from the socket.
+  Status receive_file(uint32_t region, core::Fd& file);
   Status handle(const View& r, std::size_t& pulled);
   Status on_write(const View& r, std::size_t& pulled);
   Status on_read(const View& r);
@@ -182,24 +232,38 @@ class ShmChannel final : public Channel,
   Nonce token_{};
   Nonce socket_name_{};
   core::Fd listener_;  // listener side, until the peer's connection is accepted
-  core::Fd fd_;
+  core::Fd fd_;        // the socket
   pid_t peer_pid_ = 0;
   bool reads_peer_ = false;  // we read the peer's probe
   bool peer_reads_ = false;  // the peer read ours
-  std::string unusable_;     // why operations cannot use the channel; set before it is published
+  // Why the two processes cannot pull from each other ("" when they can); set before the
+  // channel is published.
+  std::string no_cross_memory_;
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};
   std::mutex close_mu_;
   Status close_reason_;
   std::atomic<bool> started_{false};        // in the reactor (set under close_mu_)
-  bool stopped_ = false;                    // loop thread
+  std::atomic<bool> stopped_{false};        // set with the polling right held
   std::shared_ptr<ShmChannel> keep_alive_;  // while in the reactor
+
+  // Our ring, which the peer produces into, and its bell (in the reactor).
+  Ring inbound_;
+  core::Fd bell_;
+  struct Bell final : core::Reactor::Handler {
+    ShmChannel* channel = nullptr;
+    void on_event(uint32_t) override { channel->on_bell(); }
+  } bell_handler_;
+  std::atomic<bool> polling_{false};  // the right to consume inbound_ and handle its records
 
   // Send side.
   std::mutex send_mu_;
   bool send_closed_ = false;
-  bool want_out_ = false;
+  bool want_out_ = false;  // a lent region's file waits for room in the socket
+  Ring outbound_;          // the peer's ring (the dialer's: once the listener's hello came)
+  core::Fd peer_bell_;
+  uint64_t written_ = 0;          // records written into outbound_
   bool request_pending_ = false;  // out_ holds a request the socket did not take yet
   int credits_ = kRequestsInFlight;
   OpState* queue_head_ = nullptr;
@@ -213,12 +277,14 @@ class ShmChannel final : public Channel,
   struct Control {
     std::array<uint8_t, kHeaderBytes + kEntryBytes> bytes{};
     std::size_t length = 0;
-    core::Fd file;  // sent with the record
+    core::Fd file;        // sent over the socket ahead of the record
+    uint32_t region = 0;  // the file's (a kMap's entry)
+    bool file_sent = false;
   };
   std::vector<Control> controls_;  // a ring of queued control records
   std::size_t control_head_ = 0, control_count_ = 0;
 
-  // Receive side (loop thread).
+  // Receive side (the polling right's holder).
   std::vector<uint8_t> in_;
   std::vector<iovec> local_iov_, remote_iov_;
   std::vector<RegionUse> uses_;
@@ -256,7 +322,10 @@ class ShmChannel final : public Channel,
 
 class ShmTransport final : public Transport {
  public:
-  explicit ShmTransport(int copy_threads) : pool_(std::make_shared<CopyPool>(copy_threads)) {}
+  // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
+  ShmTransport(int copy_threads, std::string no_cross_memory)
+      : pool_(std::make_shared<CopyPool>(copy_threads)),
+        no_cross_memory_(std::move(no_cross_memory)) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -269,6 +338,7 @@ class ShmTransport final : public Transport {
 
  private:
   std::shared_ptr<CopyPool> pool_;  // shared with the channels, which may outlive this
+  std::string no_cross_memory_;
 };
 
 }  // namespace ferry::transport::shm

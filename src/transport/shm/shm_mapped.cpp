@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -229,15 +230,15 @@ Status ShmChannel::on_unmapped(const View& r) {
 void ShmChannel::revoking(uint32_t region_id) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), region_id] {
-    if (self->stopped_) return;
-    for (const Held& l : self->lent_) {
-      if (l.id != region_id) continue;
-      Header h;
-      h.type = Record::kRevoke;
-      h.tag = region_id;
-      if (Status s = self->send_control(h); !s.ok()) self->close(s);
-      return;
-    }
+    self->lock_polling();
+    bool lent = !self->stopped_ && std::any_of(self->lent_.begin(), self->lent_.end(),
+                                               [&](const Held& l) { return l.id == region_id; });
+    self->unlock_polling();
+    if (!lent) return;
+    Header h;
+    h.type = Record::kRevoke;
+    h.tag = region_id;
+    if (Status s = self->send_control(h); !s.ok()) self->close(s);
   });
 }
 

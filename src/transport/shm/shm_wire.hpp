@@ -13,7 +13,7 @@
 
 namespace ferry::transport::shm {
 
-constexpr uint8_t kAddressVersion = 1;
+constexpr uint8_t kAddressVersion = 2;  // 2: rings (protocol.md)
 using Nonce = std::array<uint8_t, 16>;
 
 // What one side tells the other to connect (Channel::local_address).

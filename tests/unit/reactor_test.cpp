@@ -1,0 +1,104 @@
+// Progress threads' pollers: polled only while the loop busy-polls after work, told when that
+// starts and ends, and removable from the loop's own thread.
+#include "core/reactor.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+namespace ferry::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct CountingPoller final : Reactor::Poller {
+  void begin_polling() override {
+    EXPECT_FALSE(polling.exchange(true));
+    begins.fetch_add(1);
+  }
+  bool poll() override {
+    EXPECT_TRUE(polling.load()) << "polled outside begin_polling/end_polling";
+    polls.fetch_add(1);
+    return work.exchange(false);
+  }
+  void end_polling() override {
+    EXPECT_TRUE(polling.exchange(false));
+    ends.fetch_add(1);
+  }
+  std::atomic<bool> polling{false}, work{false};
+  std::atomic<int> begins{0}, polls{0}, ends{0};
+};
+
+// Runs `fn` on the loop's thread and waits for it.
+template <typename Fn>
+void on_loop(Reactor& r, Fn fn) {
+  std::promise<void> done;
+  r.post(0, [&] {
+    fn();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+// Waits (without a time limit on the outcome: only on how long to keep looking) until `pred`.
+template <typename Pred>
+bool eventually(Pred pred) {
+  for (int i = 0; i < 2000 && !pred(); ++i) std::this_thread::sleep_for(1ms);
+  return pred();
+}
+
+TEST(ReactorPollers, APollerIsPolledWhileTheLoopBusyPollsAndToldWhenItSleeps) {
+  Reactor r(1, 2ms);
+  CountingPoller p;
+  on_loop(r, [&] { r.add_poller(0, &p); });  // the task was work: the loop busy-polls now
+  ASSERT_TRUE(eventually([&] { return p.ends.load() >= 1; }));
+  EXPECT_GE(p.begins.load(), 1);
+  EXPECT_GE(p.polls.load(), 1);
+  EXPECT_EQ(p.begins.load(), p.ends.load()) << "asleep: every begin was ended";
+
+  // Work the poller found keeps the loop polling; once there is none it sleeps again.
+  int ends = p.ends.load();
+  on_loop(r, [&] { p.work = true; });
+  ASSERT_TRUE(eventually([&] { return p.ends.load() > ends && !p.polling.load(); }));
+  EXPECT_FALSE(p.work.load()) << "the work was polled";
+
+  int polls = p.polls.load();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(p.polls.load(), polls) << "an idle loop polls nothing";
+  on_loop(r, [&] { r.remove_poller(0, &p); });
+  EXPECT_FALSE(p.polling.load());
+  r.stop();
+}
+
+TEST(ReactorPollers, WithoutBusyPollingAPollerIsNeverPolled) {
+  Reactor r(1, 0ns);
+  CountingPoller p;
+  on_loop(r, [&] { r.add_poller(0, &p); });
+  on_loop(r, [] {});
+  on_loop(r, [&] { r.remove_poller(0, &p); });
+  r.stop();
+  EXPECT_EQ(p.polls.load(), 0);
+  EXPECT_EQ(p.begins.load(), 0);
+}
+
+TEST(ReactorPollers, RemovingAPollerWhileTheLoopPollsEndsItsPolling) {
+  Reactor r(1, 10s);  // polls long after the task below, however slow the machine
+  CountingPoller p;
+  on_loop(r, [&] { r.add_poller(0, &p); });
+  ASSERT_TRUE(eventually([&] { return p.polls.load() > 0; }));
+  on_loop(r, [&] {
+    EXPECT_TRUE(p.polling.load());
+    r.remove_poller(0, &p);
+    EXPECT_FALSE(p.polling.load());
+  });
+  int polls = p.polls.load();
+  on_loop(r, [] {});
+  EXPECT_EQ(p.polls.load(), polls);
+  r.stop();
+}
+
+}  // namespace
+}  // namespace ferry::core
