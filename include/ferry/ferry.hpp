@@ -105,6 +105,11 @@ class FERRY_API Region {
   bool valid() const noexcept { return record_ != nullptr; }
   Descriptor descriptor() const;
   void deregister();
+  // Memory from Engine::allocate, kept mapped while the returned handle lives, even past
+  // deregistration (for views of it, such as Python's arrays); null for register_memory's
+  // regions. After deregistration it is this process's alone: the peers' access is revoked, and
+  // a peer that never gave back its mapping no longer shares its pages.
+  std::shared_ptr<void> memory() const;
 
  private:
   friend class detail::EngineImpl;
@@ -289,10 +294,10 @@ class FERRY_API Engine {
 
   Region register_memory(void* data, std::size_t length, Access access);
   // A registered region of `length` bytes whose memory the engine allocates and frees once the
-  // region is deregistered: zeroed, page-aligned, and from 2 MiB up in huge pages where the
-  // host has them. It is an anonymous memory file mapped shared, which a same-host transport
-  // can hand to a peer to map. Errors name the failed call (kResourceExhausted when memory
-  // runs out, kInvalidArgument for zero length).
+  // region is deregistered (or, where Region::memory() handles keep it, once they go): zeroed,
+  // page-aligned, and from 2 MiB up in huge pages where the host has them. It is an anonymous
+  // memory file mapped shared, which a same-host transport can hand to a peer to map. Errors name
+  // the failed call (kResourceExhausted when memory runs out, kInvalidArgument for zero length).
   Region allocate(std::size_t length, Access access);
 
   Peer connect(std::string_view host_port);

@@ -276,6 +276,30 @@ void bind_engine(nb::module_& m) {
           "Register the memory of `obj` (buffer protocol or DLPack: NumPy arrays, torch CPU "
           "tensors, bytearray) without copying it. The object stays alive while registered.")
       .def(
+          "allocate",
+          [](nb::handle self, std::size_t length, Access access) {
+            auto& engine = nb::cast<PyEngine&>(self);
+            auto region = std::make_unique<PyRegion>();
+            region->engine = nb::borrow(self);
+            {
+              nb::gil_scoped_release unlocked;  // zeroing large memory takes a while
+              region->region = engine.get().allocate(length, access);
+            }
+            // The array holds the memory, so it stays valid after deregistration (the bytes
+            // are then this process's alone).
+            auto* kept = new std::shared_ptr<void>(region->region.memory());
+            nb::capsule holder(
+                kept, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
+            std::size_t shape[1] = {length};
+            region->owner = nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
+                region->region.data(), 1, shape, holder));
+            return region.release();
+          },
+          "length"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
+          "Allocate `length` zeroed bytes that the engine registers with `access`: a same-host "
+          "peer maps them and copies with plain memcpy. Region.obj is a NumPy uint8 array over "
+          "them, valid for as long as it lives, even after deregistration.")
+      .def(
           "connect",
           [](nb::handle self, const std::string& address) {
             auto& engine = nb::cast<PyEngine&>(self);

@@ -109,3 +109,21 @@ def test_interpreter_exit_with_work_and_callbacks_pending():
     outcomes = [line for line in done.stdout.splitlines() if line.startswith("callback")]
     assert len(outcomes) == 4, done.stdout + done.stderr
     assert all(o in ("callback Cancelled", "callback PeerLost") for o in outcomes), outcomes
+
+
+def test_allocated_memory_outlives_its_region_through_its_array(pair):
+    size = (1 << 20) + 3
+    region = pair.target.allocate(size, access=ferry.Access.REMOTE_READ_WRITE)
+    array = region.obj
+    assert isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.shape == (size,)
+    assert array.ctypes.data == region.address and not array.any()  # its memory, zeroed
+    source = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+    pair.peer.write(pair.initiator.register(source), region.descriptor()).wait(WAIT)
+    assert np.array_equal(array, source)
+    region.deregister()
+    assert region.obj is None and not region.valid
+    del region
+    gc.collect()
+    assert np.array_equal(array, source)  # the array still holds the memory
+    array[:] = 3
+    assert int(array.sum()) == 3 * size

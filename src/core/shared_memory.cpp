@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "core/sys.hpp"
 
 namespace ferry::core {
@@ -56,6 +58,22 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
   out.mapped_ = size;
   // Transparent huge pages for shared memory where the kernel allows them when advised.
   if (length >= kHugePageBytes) (void)::madvise(out.base_, size, MADV_HUGEPAGE);
+  return {};
+}
+
+Status SharedMemory::detach() {
+  if (!fd_.valid()) return {};
+  void* copy = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED)
+    return sys_status("mmap (a private copy)", errno, ErrorCode::kResourceExhausted);
+  std::memcpy(copy, base_, mapped_);
+  // Moved over the shared mapping in one step: the address never shows anything else.
+  if (::mremap(copy, mapped_, mapped_, MREMAP_MAYMOVE | MREMAP_FIXED, base_) == MAP_FAILED) {
+    Status s = sys_status("mremap (over the shared mapping)");
+    ::munmap(copy, mapped_);
+    return s;
+  }
+  fd_.reset();
   return {};
 }
 

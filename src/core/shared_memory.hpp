@@ -32,6 +32,9 @@ class SharedMemory {
   ~SharedMemory();
 
   uint8_t* data() const { return base_; }
+  // Gives up the memory file and keeps the bytes at the same address, in private memory shared
+  // with nobody: whoever else still maps the file keeps its own pages from then on. One copy.
+  Status detach();
   // The memory file: what a peer maps (same size, same pages).
   int fd() const { return fd_.get(); }
 

@@ -259,10 +259,11 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
 Region EngineImpl::allocate(std::size_t length, Access access) {
   check_registration("allocate", access);
   auto rec = std::make_shared<RegionRecord>();
-  if (Status s = core::SharedMemory::create(length, rec->owned); !s.ok()) {
+  rec->owned = std::make_shared<core::SharedMemory>();
+  if (Status s = core::SharedMemory::create(length, *rec->owned); !s.ok()) {
     throw Error(s.code(), "allocate " + std::to_string(length) + " bytes: " + s.message());
   }
-  rec->base = rec->owned.data();
+  rec->base = rec->owned->data();
   rec->length = length;
   return add_region(std::move(rec), access);
 }
@@ -272,8 +273,8 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
   rec->engine = shared_from_this();
   rec->access = access;
   rec->key = nonzero_random();
-  rec->id = regions_.insert(rec->base, length, access, rec->key,
-                            rec->owned.data() != nullptr ? rec->owned.fd() : -1);
+  rec->id =
+      regions_.insert(rec->base, length, access, rec->key, rec->owned ? rec->owned->fd() : -1);
 
   Descriptor& d = rec->descriptor;
   d.engine_id = id;
@@ -332,6 +333,10 @@ void EngineImpl::deregister(RegionRecord& record) {
   };
   regions_.revoke(record.id, config.revoke_timeout, ask_back, cut_off);
   for (auto& t : transports_) t->deregister_region(record.id);
+  // Memory kept past its registration (Region::memory) is this process's alone from now on:
+  // a peer cut off with a mapping still open keeps pages nobody else sees. Where the copy
+  // cannot be made the memory stays shared with such a peer; nothing else changes.
+  if (record.owned && record.owned.use_count() > 1) (void)record.owned->detach();
 }
 
 std::vector<std::shared_ptr<PeerImpl>> EngineImpl::live_peers() const {

@@ -40,8 +40,9 @@ struct RegionRecord {
   Access access = Access::kLocal;
   Descriptor descriptor;
   std::atomic<bool> registered{true};
-  // Engine::allocate's memory: freed with the record, after the region was deregistered.
-  core::SharedMemory owned;
+  // Engine::allocate's memory: freed with the record, after the region was deregistered,
+  // unless Region::memory() handles keep it (detached from its file then).
+  std::shared_ptr<core::SharedMemory> owned;
 };
 
 // `config` with the FERRY_TRANSPORTS environment variable applied (Engine::with_environment).

@@ -26,6 +26,10 @@ Descriptor Region::descriptor() const {
   if (!record_) throw Error(ErrorCode::kInvalidArgument, "descriptor: empty region");
   return record_->descriptor;
 }
+std::shared_ptr<void> Region::memory() const {
+  if (!record_ || !record_->owned) return nullptr;
+  return {record_->owned, record_->base};
+}
 void Region::deregister() {
   if (!record_) return;
   record_->engine->deregister(*record_);

@@ -2,6 +2,8 @@
 // moved over by peers like any region and freed with their region.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "support/pair.hpp"
@@ -49,6 +51,36 @@ TEST(Allocate, TheMemoryGoesWithItsRegion) {
   }
   EXPECT_EQ(memory_files().all, files);
   EXPECT_EQ(open_descriptors(), descriptors);
+}
+
+// Region::memory() keeps the bytes past deregistration, in private memory: the memory file is
+// given up (no mapping of it left, its descriptor closed), the bytes stay where they were.
+TEST(Allocate, KeptMemoryOutlivesItsRegionWithItsBytesAndWithoutItsFile) {
+  Pair p;
+  int files = memory_files().all, descriptors = open_descriptors();
+  constexpr std::size_t kSize = (std::size_t{2} << 20) + 77;  // huge pages where reserved
+  Region target = p.target.allocate(kSize, Access::kRemoteReadWrite);
+  Region source = p.initiator.allocate(kSize, Access::kLocal);
+  EXPECT_EQ(Region().memory(), nullptr);
+  std::vector<uint8_t> user(64);
+  EXPECT_EQ(p.initiator.register_memory(user.data(), user.size(), Access::kLocal).memory(),
+            nullptr);
+  fill_pattern(bytes_of(source).data(), kSize, 53);
+  Descriptor d = target.descriptor();
+  Transfer w{&source, 0, &d, 0, kSize};
+  ASSERT_TRUE(p.peer.write({&w, 1}).wait(kWait).ok());  // over shm the region is lent now
+
+  std::shared_ptr<void> kept = target.memory();
+  ASSERT_EQ(kept.get(), target.data());
+  target.deregister();
+  EXPECT_EQ(target.data(), nullptr);
+  const auto* bytes = static_cast<const uint8_t*>(kept.get());
+  EXPECT_TRUE(std::equal(bytes, bytes + kSize, bytes_of(source).begin()));
+  source.deregister();
+  EXPECT_EQ(memory_files().all, files) << "no mapping of either file is left";
+  EXPECT_EQ(open_descriptors(), descriptors);
+  std::memset(kept.get(), 1, kSize);  // still ours to write
+  kept.reset();
 }
 
 TEST(Allocate, WhatCannotBeAllocatedIsRefusedAndNamed) {
