@@ -18,7 +18,7 @@ vocab='ferry/error\.hpp|ferry/types\.hpp|ferry/config\.hpp|ferry/export\.hpp'
 check src/core      "core/|$vocab"
 check src/transport "core/|transport/|$vocab"
 check src/engine    "core/|transport/[a-z_]+\.hpp|engine/|ferry/"
-check tools         "ferry/|bench\.hpp|info\.hpp|options\.hpp"
+check tools         "ferry/|[a-z_]+\.hpp"
 check include/ferry "ferry/"
 check examples      "ferry/|two_process\.hpp"
 check python/src    "ferry/|bindings\.hpp"

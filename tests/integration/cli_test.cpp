@@ -13,108 +13,11 @@
 #include <cstdio>
 #include <regex>
 
+#include "support/cli_process.hpp"
 #include "support/pair.hpp"
-
-extern char** environ;
 
 namespace ferry::test {
 namespace {
-
-// Every command runs under `timeout`: a guard against a hang, never a measurement.
-const std::string kFerry = std::string("timeout 300 ") + FERRY_CLI_PATH;
-
-// Starts `ferry <args>` through the shell, stdout and stderr together.
-class Command {
- public:
-  explicit Command(const std::string& args)
-      : pipe_(popen((kFerry + " " + args + " 2>&1").c_str(), "r")) {}
-  ~Command() {
-    if (pipe_ != nullptr) pclose(pipe_);
-  }
-  Command(const Command&) = delete;
-  Command& operator=(const Command&) = delete;
-  // Its exit code, once it ended, and everything it printed.
-  int finish(std::string& output) {
-    char line[512];
-    while (fgets(line, sizeof line, pipe_) != nullptr) output += line;
-    int status = pclose(pipe_);
-    pipe_ = nullptr;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  FILE* pipe_;
-};
-
-int run(const std::string& args, std::string& output) { return Command(args).finish(output); }
-
-// A `ferry` process in the background: stdout read line by line, stderr at the end.
-class Background {
- public:
-  explicit Background(std::vector<std::string> args) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    posix_spawn_file_actions_addclose(&fa, err[0]);
-    args.insert(args.begin(), FERRY_CLI_PATH);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int rc = posix_spawn(&pid_, FERRY_CLI_PATH, &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(out[1]);
-    close(err[1]);
-    if (rc != 0) throw std::runtime_error("posix_spawn");
-    out_ = fdopen(out[0], "r");
-    err_ = err[0];
-  }
-  ~Background() {
-    if (pid_ > 0) kill_now();
-    fclose(out_);
-    close(err_);
-  }
-  Background(const Background&) = delete;
-  Background& operator=(const Background&) = delete;
-
-  // The next line of stdout, "" at its end.
-  std::string line() {
-    char buf[512];
-    if (fgets(buf, sizeof buf, out_) == nullptr) return "";
-    std::string s(buf);
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  }
-  bool running() const { return waitpid(pid_, nullptr, WNOHANG) == 0; }
-  void kill_now() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // Its exit code once it ends by itself.
-  int wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  // Everything on stderr; the process must have ended.
-  std::string errors() const {
-    std::string s;
-    char buf[512];
-    for (ssize_t n; (n = read(err_, buf, sizeof buf)) > 0;)
-      s.append(buf, static_cast<std::size_t>(n));
-    return s;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  int err_ = -1;
-};
 
 // `ferry bench --listen ...`: its address, from the first line it prints.
 std::string listening_address(Background& target) {
@@ -198,7 +101,28 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       // Commands, version, help.
       {"bnech", 2, "ferry: unknown command 'bnech'; did you mean 'bench'?"},
       {"inof", 2, "did you mean 'info'?"},
-      {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info)"},
+      {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info, emulate, stream)"},
+      {"emulat", 2, "did you mean 'emulate'?"},
+      // emulate and stream.
+      {"emulate --rate fast", 2, "ferry emulate: --rate: 'fast' is not a rate"},
+      {"emulate --rate 2XB/s", 2, "--rate: '2XB/s' is not a rate"},
+      {"emulate --frame 16", 2, "--frame: '16' must be between"},
+      {"emulate --jitter 2", 2, "--jitter: '2' must be between 0 and 1"},
+      {"emulate --burst 0", 2, "--burst: '0' must be between 1 and"},
+      {"emulate --listen out.bin", 2, "--listen: 'out.bin' is not a listening endpoint"},
+      {"emulate --out discard", 2, "--out: 'discard' is no reader"},
+      {"emulate --out /nonexistent/dir/x", 1,
+       "ferry emulate: open /nonexistent/dir/x: No such file"},
+      {"emulate --listen tcp:127.0.0.1:0 --out x", 2, "excludes"},
+      {"stream", 2, "ferry stream: --listen/--connect: give --listen HOST:PORT to receive"},
+      {"stream --connect 127.0.0.1:1 --sink x", 2, "--sink requires --listen"},
+      {"stream --listen 127.0.0.1:0 --source gen", 2, "--source requires --connect"},
+      {"stream --listen 127.0.0.1:0 --slots 1", 2, "--slots: '1' must be between 2 and 1024"},
+      {"stream --listen 127.0.0.1:0 --slot-bytes 1K", 2, "--slot-bytes: '1K' must be between 4K"},
+      {"stream --listen 127.0.0.1:0 --sink unix:", 2, "--sink: 'unix:' names no socket path"},
+      {"stream --connect 127.0.0.1:0", 2, "--connect: '127.0.0.1:0': port '0' is out of range"},
+      {"stream --listen 127.0.0.1:0 --transport carrier-pigeon", 2,
+       "'carrier-pigeon' is not one of auto"},
       {"--version", 0, "ferry " + std::string(Engine::version())},
       {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp.streams)},
       {"bench --help", 0, "--transport NAME=auto"},

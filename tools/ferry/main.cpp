@@ -1,4 +1,4 @@
-// The `ferry` command: benchmark and host information.
+// The `ferry` command: benchmark, host information, a data-source emulator and streaming.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -7,8 +7,10 @@
 #include <iostream>
 
 #include "bench.hpp"
+#include "emulate.hpp"
 #include "ferry/ferry.hpp"
 #include "info.hpp"
+#include "stream.hpp"
 
 namespace {
 
@@ -86,18 +88,34 @@ int run(int argc, char** argv) {
   bool info_json = false;
   info->add_flag("--json", info_json, "One JSON object: version, transports, interfaces");
 
+  ferry::cli::EmulateOptions emulate;
+  auto* em = app.add_subcommand(
+      "emulate",
+      "Play an instrument: framed data at a set rate to one reader (ferry stream's source)");
+  ferry::cli::add_emulate_options(*em, emulate);
+  ferry::cli::StreamOptions stream;
+  auto* st = app.add_subcommand(
+      "stream",
+      "Move a stream without stopping into a ring of slots at the receiver (--listen "
+      "receives, --connect sends)");
+  ferry::cli::add_stream_options(*st, stream);
+
   if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
     app.parse(argc, argv);
     if (*b) ferry::cli::check_bench_options(bench);
+    if (*st) ferry::cli::check_stream_options(stream);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
+  const char* command = *info ? "info" : *em ? "emulate" : *st ? "stream" : "bench";
   try {
     if (*info) return ferry::cli::run_info(info_json);
+    if (*em) return ferry::cli::run_emulate(emulate);
+    if (*st) return ferry::cli::run_stream(stream);
     return ferry::cli::run_bench(bench, self_path(argv[0]));
   } catch (const std::exception& e) {
-    std::cerr << "ferry " << (*info ? "info" : "bench") << ": " << e.what() << std::endl;
+    std::cerr << "ferry " << command << ": " << e.what() << std::endl;
     return 1;
   }
 }

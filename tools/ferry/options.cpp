@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "ferry/ferry.hpp"
+#include "flags.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -27,7 +28,7 @@ constexpr int kMaxConcurrency = 1024;
 constexpr int kMaxInFlight = 16384;  // --batch x --concurrency
 constexpr int kMaxScatter = 1'000'000;
 constexpr int kMaxMicroseconds = 1'000'000;
-constexpr uint64_t kNoMax = std::numeric_limits<uint64_t>::max();
+constexpr uint64_t kNoMax = kNoMaxSize;
 
 const std::vector<std::string> kOps = {"write", "read", "write_imm", "send", "pingpong"};
 const char* const kOpList = "write, read, write_imm, send or pingpong";
@@ -38,8 +39,8 @@ const char* const kOpList = "write, read, write_imm, send or pingpong";
 
 std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
 
-// "64K", "64k", "64KB", "64KiB", "1G", "4096", "4096B": binary units, as the tables print
-// sizes. nullopt: not a size; kNoMax: more than 64 bits hold.
+}  // namespace
+
 std::optional<uint64_t> parse_size(std::string_view text) {
   uint64_t n = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
@@ -60,7 +61,6 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   return n << shift;
 }
 
-// A byte count of at least `lo` (and at most `hi`) that fits this host's memory.
 uint64_t size_value(const std::string& flag, const std::string& text, uint64_t lo, uint64_t hi) {
   std::optional<uint64_t> n = parse_size(text);
   if (!n) {
@@ -90,8 +90,6 @@ int int_value(const std::string& flag, const std::string& text, int lo, int hi) 
   return static_cast<int>(n);
 }
 
-// HOST:PORT, [IPv6]:PORT, a host name. A listener may take port 0 (any free one) and an empty
-// host (every interface).
 Address address_value(const std::string& flag, const std::string& text, bool listen) {
   const std::string use = " (use HOST:PORT, or [IPv6]:PORT)";
   if (text.empty()) bad(flag, "'' is not an address" + use);
@@ -128,6 +126,18 @@ Address address_value(const std::string& flag, const std::string& text, bool lis
   return {host.empty() ? "0.0.0.0" : std::string(host), static_cast<uint16_t>(value)};
 }
 
+std::string transport_value(const std::string& flag, const std::string& text) {
+  if (text != "auto" && !transport_named(text)) {
+    std::string names;
+    for (const TransportInfo& t : Engine::transports())
+      names += ", " + std::string(to_string(t.kind));
+    bad(flag, in_quotes(text) + " is not one of auto" + names);
+  }
+  return text;
+}
+
+namespace {
+
 std::vector<std::string> ops_value(const std::string& flag, const std::string& text) {
   if (text.empty()) bad(flag, std::string("'' names no operation (use ") + kOpList + ")");
   std::vector<std::string> ops;
@@ -141,42 +151,6 @@ std::vector<std::string> ops_value(const std::string& flag, const std::string& t
     start = comma + 1;
   }
   return ops;
-}
-
-std::string transport_value(const std::string& flag, const std::string& text) {
-  if (text != "auto" && !transport_named(text)) {
-    std::string names;
-    for (const TransportInfo& t : Engine::transports())
-      names += ", " + std::string(to_string(t.kind));
-    bad(flag, in_quotes(text) + " is not one of auto" + names);
-  }
-  return text;
-}
-
-// A flag whose text `parse(flag, text)` turns into `out`.
-template <class T, class Parse>
-CLI::Option* add(CLI::App& app, const std::string& flag, T& out, Parse parse,
-                 const std::string& help) {
-  return app.add_option_function<std::string>(
-      flag, [flag, &out, parse](const std::string& text) { out = parse(flag, text); }, help);
-}
-
-auto count(int lo, int hi) {
-  return [lo, hi](const std::string& flag, const std::string& text) {
-    return int_value(flag, text, lo, hi);
-  };
-}
-
-auto bytes(uint64_t lo, uint64_t hi) {
-  return [lo, hi](const std::string& flag, const std::string& text) {
-    return size_value(flag, text, lo, hi);
-  };
-}
-
-auto address(bool listen) {
-  return [listen](const std::string& flag, const std::string& text) {
-    return address_value(flag, text, listen);
-  };
 }
 
 std::string join(const std::vector<std::string>& items) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace CLI {
@@ -50,6 +51,20 @@ struct BenchOptions {
   // beside one contiguous transfer of the same bytes (ratio and submission cost printed).
   std::optional<int> scatter;
 };
+
+// Value parsers shared by the commands: each throws CLI::ValidationError naming `flag`.
+constexpr uint64_t kNoMaxSize = ~uint64_t{0};
+// "64K", "64k", "64KB", "64KiB", "1G", "4096", "4096B": binary units, as the tables print
+// sizes. nullopt: not a size; kNoMaxSize: more than 64 bits hold.
+std::optional<uint64_t> parse_size(std::string_view text);
+// A byte count of at least `lo` (and at most `hi`) that fits this host's memory.
+uint64_t size_value(const std::string& flag, const std::string& text, uint64_t lo, uint64_t hi);
+int int_value(const std::string& flag, const std::string& text, int lo, int hi);
+// HOST:PORT, [IPv6]:PORT, a host name. A listener may take port 0 (any free one) and an empty
+// host (every interface).
+Address address_value(const std::string& flag, const std::string& text, bool listen);
+// "auto" or the name of a transport built in.
+std::string transport_value(const std::string& flag, const std::string& text);
 
 // Registers the flags of `ferry bench`; each refuses a bad value (CLI::ValidationError naming
 // the flag) while the command line is parsed.

@@ -1,0 +1,236 @@
+// `ferry emulate` and `ferry stream` as users run them, each side its own process: emulator ->
+// sender -> receiver -> sink, checked by the frames' sequence numbers and CRCs and by bytes
+// compared; a slow sink, a killed receiver or sender, and Ctrl-C at either end.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "support/cli_process.hpp"
+
+namespace ferry::test {
+namespace {
+
+// The rest of a line that starts with "listening on ", the first line `p` prints.
+std::string listening_on(Background& p) {
+  std::string first = p.line();
+  const std::string prefix = "listening on ";
+  EXPECT_EQ(first.rfind(prefix, 0), 0u) << first;
+  return first.rfind(prefix, 0) == 0 ? first.substr(prefix.size()) : "";
+}
+
+// Lines until the end of `p`'s output.
+std::vector<std::string> remaining_lines(Background& p) {
+  std::vector<std::string> lines;
+  for (std::string l = p.line(); !l.empty(); l = p.line()) lines.push_back(l);
+  return lines;
+}
+
+// The --json summary line among `lines` ("" when there is none).
+std::string summary_of(const std::vector<std::string>& lines) {
+  for (const std::string& l : lines) {
+    if (l.find("\"kind\":\"summary\"") != std::string::npos) return l;
+  }
+  return "";
+}
+
+// A number field of a JSON line; -1 when it is missing.
+double field(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\":(-?[0-9.]+)"))) return -1;
+  return std::stod(m[1].str());
+}
+
+std::string text_field(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return "";
+  return m[1].str();
+}
+
+// Reads `p`'s lines until a progress line, which says the stream is moving.
+bool until_progress(Background& p) {
+  for (std::string l = p.line(); !l.empty(); l = p.line()) {
+    if (l.find("\"kind\":\"progress\"") != std::string::npos) return true;
+  }
+  return false;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char name[] = "/tmp/ferry-stream-XXXXXX";
+    path_ = ::mkdtemp(name);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+class StreamOver : public testing::TestWithParam<std::string> {};
+
+// Whether `name` can carry a stream here; verbs only where an RDMA device is (the guest suite
+// sets FERRY_STREAM_REQUIRE_VERBS, so there its absence fails instead).
+bool usable_here(const std::string& name) {
+  if (name == "auto") return true;
+  for (const TransportInfo& t : Engine::transports()) {
+    if (to_string(t.kind) == name) return t.usable;
+  }
+  return false;
+}
+
+TEST_P(StreamOver, EmulatorFramesArriveInOrderWithTheirChecksums) {
+  const std::string transport = GetParam();
+  if (!usable_here(transport)) {
+    if (std::getenv("FERRY_STREAM_REQUIRE_VERBS") != nullptr) FAIL() << transport << " is unusable";
+    GTEST_SKIP() << transport << " is not usable on this host";
+  }
+  Background emulator({"emulate", "--listen", "tcp:127.0.0.1:0", "--rate", "200MB/s", "--frame",
+                       "16K", "--frames", "2000", "--burst", "4", "--jitter", "0.2", "--json"});
+  std::string source = listening_on(emulator);
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--verify", "--json", "--slots", "8",
+                       "--slot-bytes", "256K", "--transport", transport});
+  std::string at = listening_on(receiver);
+  Background sender(
+      {"stream", "--connect", at, "--source", source, "--json", "--transport", transport});
+  std::vector<std::string> sent = remaining_lines(sender);
+  ASSERT_EQ(sender.wait(), 0) << sender.errors();
+  ASSERT_EQ(emulator.wait(), 0) << emulator.errors();
+  std::vector<std::string> received = remaining_lines(receiver);
+  ASSERT_EQ(receiver.wait(), 0) << receiver.errors();
+
+  // auto: the same-host transport, the best one both ends have here.
+  std::string expected = transport == "auto" ? "shm" : transport;
+  EXPECT_NE(sent.front().find("over " + expected), std::string::npos) << sent.front();
+  std::string rx = summary_of(received);
+  EXPECT_EQ(field(rx, "frames"), 2000) << rx;
+  EXPECT_EQ(field(rx, "lost"), 0) << rx;
+  EXPECT_EQ(field(rx, "bad_crc"), 0) << rx;
+  EXPECT_EQ(field(rx, "reordered"), 0) << rx;
+  EXPECT_EQ(field(rx, "total_bytes"), 2000 * 16384) << rx;
+  EXPECT_EQ(text_field(rx, "problem"), "none") << rx;
+  EXPECT_GT(field(rx, "latency_p50_us"), 0) << rx;
+  std::string em = summary_of(remaining_lines(emulator));
+  EXPECT_EQ(field(em, "frames"), 2000) << em;
+  EXPECT_EQ(text_field(summary_of(sent), "ended"), "the source ended") << summary_of(sent);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, StreamOver, testing::Values("auto", "tcp", "verbs"));
+
+TEST(Stream, AFileArrivesByteExactThroughSlotsUsedManyTimes) {
+  TempDir dir;
+  std::vector<char> bytes(5 * 1048576 + 12345);
+  std::mt19937 random(3);
+  for (char& b : bytes) b = static_cast<char>(random());
+  std::ofstream(dir.file("in.bin"), std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--sink", dir.file("out.bin"),
+                       "--slots", "3", "--slot-bytes", "64K", "--json"});
+  std::string at = listening_on(receiver);
+  Background sender(
+      {"stream", "--connect", at, "--source", "file:" + dir.file("in.bin"), "--json"});
+  remaining_lines(sender);
+  ASSERT_EQ(sender.wait(), 0) << sender.errors();
+  std::string rx = summary_of(remaining_lines(receiver));
+  ASSERT_EQ(receiver.wait(), 0) << receiver.errors();
+  EXPECT_EQ(field(rx, "total_bytes"), static_cast<double>(bytes.size())) << rx;
+  std::ifstream out(dir.file("out.bin"), std::ios::binary);
+  std::vector<char> got((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(got == bytes) << got.size() << " bytes arrived of " << bytes.size();
+}
+
+TEST(Stream, ASlowSinkSlowsTheSourceAndLosesNothing) {
+  TempDir dir;
+  // 39 MB at a sink of 20 MB/s: more than the ring (4 MiB) and the sockets hold, so the
+  // emulator must wait for its reader.
+  Background emulator({"emulate", "--listen", "tcp:127.0.0.1:0", "--rate", "400MB/s", "--frame",
+                       "64K", "--frames", "600", "--json"});
+  std::string source = listening_on(emulator);
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--verify", "--json", "--slots", "4",
+                       "--slot-bytes", "1M", "--sink", dir.file("out.bin"), "--sink-rate",
+                       "20MB/s"});
+  std::string at = listening_on(receiver);
+  Background sender({"stream", "--connect", at, "--source", source, "--json"});
+  std::string tx = summary_of(remaining_lines(sender));
+  ASSERT_EQ(sender.wait(), 0) << sender.errors();
+  std::string em = summary_of(remaining_lines(emulator));
+  ASSERT_EQ(emulator.wait(), 0) << emulator.errors();
+  std::string rx = summary_of(remaining_lines(receiver));
+  ASSERT_EQ(receiver.wait(), 0) << receiver.errors();
+  EXPECT_EQ(field(rx, "frames"), 600) << rx;
+  EXPECT_EQ(field(rx, "lost"), 0) << rx;
+  EXPECT_EQ(field(rx, "bad_crc"), 0) << rx;
+  EXPECT_GT(field(rx, "sink_wait_ms"), 0) << rx;
+  EXPECT_GT(field(tx, "credit_wait_ms"), 0) << tx;     // the ring was full: back-pressure
+  EXPECT_GT(field(em, "reader_blocked_ms"), 0) << em;  // and it reached the source
+  EXPECT_EQ(std::filesystem::file_size(dir.file("out.bin")), 600u * 65536);
+}
+
+TEST(Stream, AKilledReceiverStopsTheSenderWithAClearError) {
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--json"});
+  std::string at = listening_on(receiver);
+  Background sender({"stream", "--connect", at, "--json", "--interval", "0.1"});
+  ASSERT_TRUE(until_progress(sender)) << sender.errors();
+  receiver.kill_now();
+  remaining_lines(sender);
+  EXPECT_EQ(sender.wait(), 1);
+  std::string errors = sender.errors();
+  EXPECT_NE(errors.find("ferry stream: "), std::string::npos) << errors;
+  EXPECT_NE(errors.find("receiver"), std::string::npos) << errors;
+}
+
+TEST(Stream, AKilledSenderFailsTheReceiverAfterItsSummary) {
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--json", "--verify"});
+  std::string at = listening_on(receiver);
+  Background sender({"stream", "--connect", at, "--json", "--interval", "0.1"});
+  ASSERT_TRUE(until_progress(sender)) << sender.errors();
+  sender.kill_now();
+  std::string rx = summary_of(remaining_lines(receiver));
+  EXPECT_EQ(receiver.wait(), 1);
+  EXPECT_GT(field(rx, "frames"), 0) << rx;
+  std::string errors = receiver.errors();
+  EXPECT_NE(errors.find("went away before the end of its stream"), std::string::npos) << errors;
+}
+
+TEST(Stream, CtrlCAtTheSenderEndsBothSidesWithTheirSummaries) {
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--json", "--verify"});
+  std::string at = listening_on(receiver);
+  Background sender({"stream", "--connect", at, "--json", "--interval", "0.1"});
+  ASSERT_TRUE(until_progress(sender)) << sender.errors();
+  sender.signal(SIGINT);
+  std::string tx = summary_of(remaining_lines(sender));
+  EXPECT_EQ(sender.wait(), 0) << sender.errors();
+  std::string rx = summary_of(remaining_lines(receiver));
+  EXPECT_EQ(receiver.wait(), 0) << receiver.errors();
+  EXPECT_EQ(text_field(tx, "ended"), "stopped (signal)") << tx;
+  EXPECT_EQ(text_field(rx, "problem"), "none") << rx;
+  EXPECT_EQ(field(rx, "total_bytes"), field(tx, "total_bytes")) << rx << "\n" << tx;
+}
+
+TEST(Stream, CtrlCAtTheReceiverEndsBothSidesWithTheirSummaries) {
+  Background receiver(
+      {"stream", "--listen", "127.0.0.1:0", "--json", "--verify", "--interval", "0.1"});
+  std::string at = listening_on(receiver);
+  Background sender({"stream", "--connect", at, "--json"});
+  ASSERT_TRUE(until_progress(receiver)) << receiver.errors();
+  receiver.signal(SIGINT);
+  std::string rx = summary_of(remaining_lines(receiver));
+  EXPECT_EQ(receiver.wait(), 0) << receiver.errors();
+  std::string tx = summary_of(remaining_lines(sender));
+  EXPECT_EQ(sender.wait(), 0) << sender.errors();
+  EXPECT_EQ(text_field(tx, "ended"), "the receiver asked to stop") << tx;
+  EXPECT_EQ(text_field(rx, "problem"), "none") << rx;
+  EXPECT_EQ(field(rx, "total_bytes"), field(tx, "total_bytes")) << rx << "\n" << tx;
+}
+
+}  // namespace
+}  // namespace ferry::test
