@@ -1,7 +1,7 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
 .PHONY: bench-python test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
-        test-package test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma check-layers bench-compare format tidy clean
+        test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package test-python tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
-	@echo "all test suites passed (layers, release, packaging, python, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
-	@echo "suites: 12 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python test-browser tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, browser, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
+	@echo "suites: 13 passed, 0 failed"
 
 # The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
 # depend on timing (run this before resolving anything that touches threads or timeouts).
@@ -128,6 +128,15 @@ test-python: deps-test
 	$(SYSTEM_PYTHON) -m venv --system-site-packages build/venv-wheel
 	build/venv-wheel/bin/python -m pip install -q --no-deps build/wheels/ferry-*.whl
 	cd build && venv-wheel/bin/python ../examples/python/p2p_write.py
+
+# The live gauge page in headless Chromium (tests/browser): its rate follows `ferry gauge`'s UDP
+# input and a running `ferry stream --web`; screenshots land in build/ (gauge-*.png).
+test-browser: deps-test
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cli
+	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q pytest selenium
+	FERRY=build/release/tools/ferry FERRY_ARTIFACTS=build $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/browser
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test

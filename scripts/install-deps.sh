@@ -11,12 +11,15 @@ set -euo pipefail
 build=(build-essential cmake ninja-build pkg-config
        libssl-dev                       # HMAC-SHA256 for the handshake
        libibverbs-dev)                  # verbs headers (libibverbs itself is loaded at run time)
-tools=(libcli11-dev)
+tools=(libcli11-dev
+       libcpp-httplib-dev)              # the live gauge's HTTP server
 guest=(qemu-system-x86 busybox-static cpio xz-utils zstd   # qemu guest + initramfs
        ibverbs-providers ibverbs-utils perftest iproute2)  # rxe provider, ibv_devinfo, perftest
 test=(libgtest-dev libgmock-dev
       clang libclang-rt-14-dev clang-tidy  # libFuzzer target, clang-tidy
       binutils)                                            # readelf/nm for the package test
+# The live gauge's page in a real browser (tests/browser, driven by Selenium from PyPI).
+browser=(chromium chromium-driver)
 bench=(iperf3 ucx-utils)
 python=(python3 python3-dev python3-venv python3-pip)
 # The Python suite's tensors: Debian's CPU build of torch (with its numpy and gloo for
@@ -30,7 +33,7 @@ for purpose in "${@:-build}"; do
     tools) packages+=("${build[@]}" "${tools[@]}") ;;
     guest) packages+=("${guest[@]}") ;;
     python) packages+=("${build[@]}" "${python[@]}") ;;
-    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}" "${python[@]}" "${torch[@]}") ;;
+    test) packages+=("${build[@]}" "${tools[@]}" "${test[@]}" "${guest[@]}" "${python[@]}" "${torch[@]}" "${browser[@]}") ;;
     bench) packages+=("${build[@]}" "${tools[@]}" "${bench[@]}") ;;
     *) echo "install-deps: unknown purpose '$purpose' (build, tools, test, bench, guest, python)" >&2
        exit 2 ;;

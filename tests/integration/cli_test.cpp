@@ -101,7 +101,8 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       // Commands, version, help.
       {"bnech", 2, "ferry: unknown command 'bnech'; did you mean 'bench'?"},
       {"inof", 2, "did you mean 'info'?"},
-      {"teleport", 2, "ferry: unknown command 'teleport' (commands: bench, info, emulate, stream)"},
+      {"teleport", 2,
+       "ferry: unknown command 'teleport' (commands: bench, info, emulate, stream, gauge)"},
       {"emulat", 2, "did you mean 'emulate'?"},
       // emulate and stream.
       {"emulate --rate fast", 2, "ferry emulate: --rate: 'fast' is not a rate"},
@@ -121,6 +122,10 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"stream --listen 127.0.0.1:0 --slot-bytes 1K", 2, "--slot-bytes: '1K' must be between 4K"},
       {"stream --listen 127.0.0.1:0 --sink unix:", 2, "--sink: 'unix:' names no socket path"},
       {"stream --connect 127.0.0.1:0", 2, "--connect: '127.0.0.1:0': port '0' is out of range"},
+      {"gauge --web 127.0.0.1", 2, "ferry gauge: --web: '127.0.0.1' has no port"},
+      {"gauge --udp localhost:x", 2, "--udp: 'localhost:x': port 'x' is not a number"},
+      {"gauge --udp localhost:0", 1, "ferry gauge: --udp localhost:0: not a numeric address"},
+      {"stream --listen 127.0.0.1:0 --web :", 2, "--web: ':' has no port"},
       {"stream --listen 127.0.0.1:0 --transport carrier-pigeon", 2,
        "'carrier-pigeon' is not one of auto"},
       {"--version", 0, "ferry " + std::string(Engine::version())},

@@ -9,6 +9,7 @@
 #include "bench.hpp"
 #include "emulate.hpp"
 #include "ferry/ferry.hpp"
+#include "gauge.hpp"
 #include "info.hpp"
 #include "stream.hpp"
 
@@ -100,6 +101,11 @@ int run(int argc, char** argv) {
       "receives, --connect sends)");
   ferry::cli::add_stream_options(*st, stream);
 
+  ferry::cli::GaugeOptions gauge;
+  auto* ga = app.add_subcommand(
+      "gauge", "A live throughput page in the browser, fed rates by UDP datagrams");
+  ferry::cli::add_gauge_options(*ga, gauge);
+
   if (unknown_command(app, argc, argv)) return kExitUsage;
   try {
     app.parse(argc, argv);
@@ -108,11 +114,12 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
-  const char* command = *info ? "info" : *em ? "emulate" : *st ? "stream" : "bench";
+  const char* command = *info ? "info" : *em ? "emulate" : *st ? "stream" : *ga ? "gauge" : "bench";
   try {
     if (*info) return ferry::cli::run_info(info_json);
     if (*em) return ferry::cli::run_emulate(emulate);
     if (*st) return ferry::cli::run_stream(stream);
+    if (*ga) return ferry::cli::run_gauge(gauge);
     return ferry::cli::run_bench(bench, self_path(argv[0]));
   } catch (const std::exception& e) {
     std::cerr << "ferry " << command << ": " << e.what() << std::endl;

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "ferry/ferry.hpp"
 #include "flags.hpp"
 #include "frames.hpp"
+#include "gauge.hpp"
 #include "report.hpp"
 
 namespace ferry::cli {
@@ -105,7 +108,22 @@ struct Meter {
     return interval > 0 && seconds_between(last, Clock::now()) >= interval;
   }
   // From now on: the stream's start.
-  void restart() { *this = Meter{}; }
+  void restart() {
+    start = last = Clock::now();
+    bytes = chunks = bytes_at_last = waited_ns = waited_at_last = 0;
+  }
+  // A gauge on HOST:PORT (--web) that tick() feeds.
+  void show_on(const std::optional<Address>& web, const std::string& title, std::ostream& out) {
+    if (!web) return;
+    gauge = std::make_unique<GaugeServer>(*web, title);
+    out << "gauge on " << gauge->url() << std::endl;
+  }
+  void tick() {
+    double rate = 0;
+    if (gauge && window.sample(bytes, rate)) gauge->publish(rate);
+  }
+  std::unique_ptr<GaugeServer> gauge;
+  RateWindow window;
   // The line's common fields; `since_last` for progress, else the whole run.
   ReportLine line(const std::string& who, const std::string& kind, bool since_last,
                   const char* wait_label) {
@@ -236,6 +254,7 @@ class Sender {
     for (int i = 0; i < kControlBuffers; ++i) post_control_receive(i);
     writes_.resize(slots_);
     meter_.restart();
+    meter_.show_on(o_.web, "ferry stream to " + peer_.address(), std::cout);
     std::string ended_by;
     try {
       ended_by = stream(source);
@@ -253,6 +272,7 @@ class Sender {
   std::string stream(Source& source) {
     for (;;) {
       take_controls();
+      meter_.tick();
       if (stop_.load()) return "stopped (signal)";
       if (receiver_stopped_) return "the receiver asked to stop";
       if (o_.limit_bytes != 0 && meter_.bytes >= o_.limit_bytes) return "--bytes reached";
@@ -354,6 +374,7 @@ class Sender {
       if (stop_.load() && deadline == Clock::time_point::max()) break;
       if (Clock::now() >= deadline) throw std::runtime_error("no credit from the receiver in time");
       take_controls(kPoll);
+      meter_.tick();
     }
     credit_wait_ns_ += ns_between(from, Clock::now());
     if (sent_ - consumed_ >= slots_) return false;
@@ -448,6 +469,7 @@ class Receiver {
     arrived_ns_.assign(slots, 0);
     credit_every_ = std::max<uint64_t>(1, slots / 4);
     meter_.restart();
+    meter_.show_on(o_.web, "ferry stream from " + peer_.address(), out_);
     try {
       receive();
     } catch (const std::exception& e) {
@@ -499,6 +521,7 @@ class Receiver {
           (consumed_ > credited_ && !arrived_[consumed_ % slots])) {
         send_control(ended ? Control::kDone : Control::kCredit);
       }
+      meter_.tick();
       if (meter_.due(o_.interval)) progress();
     }
   }
@@ -688,6 +711,9 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
   add(app, "--transport", o.transport, transport_value, "auto or one transport by name")
       ->type_name("NAME")
       ->default_str(o.transport);
+  add(app, "--web", o.web, address(true),
+      "Serve a live gauge of the stream's rate on HOST:PORT (a page for the browser)")
+      ->type_name("HOST:PORT");
   app.add_option("--secret", o.secret, "Shared secret for peer authentication");
   app.add_flag("--json", o.json, "Progress and summary as one JSON object per line");
 }

@@ -30,6 +30,7 @@ struct StreamOptions {
   double late_ms = 1;              // receiver: a frame slower than this counts as late
   double sink_rate = 0;            // receiver: write to the sink no faster (bytes/s; 0: no cap)
   double interval = 1;             // seconds between progress lines (0: none)
+  std::optional<Address> web;      // a live gauge of the stream's rate on HOST:PORT
   std::string transport = "auto";
   std::string secret;
   bool json = false;
