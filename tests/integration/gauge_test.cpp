@@ -123,5 +123,13 @@ TEST(Gauge, AStreamServesItsRateOnItsPage) {
   EXPECT_EQ(receiver.wait(), 0) << receiver.errors();
 }
 
+TEST(Gauge, BenchServesOneWhileItRuns) {
+  std::string out;
+  ASSERT_EQ(run("bench --web 127.0.0.1:0 --op write --sizes 64K --iters 500", out), 0) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(gauge on http://127\.0\.0\.1:\d+/)"))) << out;
+  EXPECT_EQ(run("bench --listen 127.0.0.1:0 --web 127.0.0.1:0", out), 2);
+  EXPECT_NE(out.find("excludes"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace ferry::test

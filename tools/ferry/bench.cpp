@@ -13,12 +13,14 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
 
 #include "ferry/ferry.hpp"
+#include "gauge.hpp"
 #include "info.hpp"
 
 extern char** environ;
@@ -431,6 +433,16 @@ struct Initiator {
   Mailbox& mail;
   bool progress;  // a terminal shows Progress
   uint64_t imms_sent = 0;
+  GaugeServer* gauge = nullptr;  // --web
+  RateWindow window;
+  uint64_t bytes_moved = 0;
+
+  // `n` more bytes moved: the gauge's rate, where there is one.
+  void moved(uint64_t n) {
+    bytes_moved += n;
+    double rate = 0;
+    if (gauge != nullptr && window.sample(bytes_moved, rate)) gauge->publish(rate);
+  }
 
   uint64_t slot_offset(uint64_t size, int slot) const {
     if (o.same_area) return 0;
@@ -540,6 +552,7 @@ struct Initiator {
       auto now = BenchClock::now();
       lat_us.push_back(std::chrono::duration<double, std::micro>(now - ts).count());
       shown.update(lat_us.size(), now);
+      moved(per_op);
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
@@ -773,6 +786,12 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   bool progress = !o.json && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
   std::vector<uint8_t> owned, owned_check;  // outlive the regions registered on them
   Initiator ini{o, engine, peer, remote, bytes, {}, {}, {}, {}, mail, progress};
+  std::unique_ptr<GaugeServer> gauge;
+  if (o.web) {
+    gauge = std::make_unique<GaugeServer>(*o.web, "ferry bench to " + peer.address());
+    ini.gauge = gauge.get();
+    std::cerr << "gauge on " << gauge->url() << std::endl;  // stdout may be --json rows
+  }
   if (o.allocate) {
     ini.region = engine.allocate(bytes, Access::kLocal);
     ini.check_region = engine.allocate(bytes, Access::kLocal);

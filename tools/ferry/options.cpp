@@ -271,6 +271,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   b.add_flag("--same-area", o.same_area,
              "Operations in flight all use the same buffer area, as perftest's do (default: "
              "one area each)");
+  add(b, "--web", o.web, address(true),
+      "Serve a live gauge of the rate on HOST:PORT (a page for the browser; initiator only)")
+      ->type_name("HOST:PORT")
+      ->excludes(listen);
   add(b, "--scatter", o.scatter, count(1, kMaxScatter),
       "write and read batches of N entries of each size at scattered offsets (both sides "
       "shuffled, gaps between entries), each beside one contiguous transfer of the same bytes: "

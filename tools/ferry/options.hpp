@@ -50,6 +50,7 @@ struct BenchOptions {
   // write, read: batches of this many entries of each size at scattered offsets, each run
   // beside one contiguous transfer of the same bytes (ratio and submission cost printed).
   std::optional<int> scatter;
+  std::optional<Address> web;  // initiator: a live gauge of the rate on HOST:PORT
 };
 
 // Value parsers shared by the commands: each throws CLI::ValidationError naming `flag`.
