@@ -259,7 +259,7 @@ class Sender {
     try {
       ended_by = stream(source);
       finish();
-    } catch (const std::exception& e) {
+    } catch (const std::exception&) {
       summary(source, "failed");
       throw;
     }
@@ -294,7 +294,6 @@ class Sender {
   }
 
   void summary(const Source& source, const std::string& ended_by) {
-    meter_.waited_ns = credit_wait_ns_;
     ReportLine line = meter_.line("stream send", "summary", false, "credit_wait");
     line.number("source_wait_ms", "source wait", static_cast<double>(source.waited_ns()) / 1e6, 1,
                 "ms")
@@ -376,7 +375,7 @@ class Sender {
       take_controls(kPoll);
       meter_.tick();
     }
-    credit_wait_ns_ += ns_between(from, Clock::now());
+    meter_.waited_ns += ns_between(from, Clock::now());  // back-pressure: credits
     if (sent_ - consumed_ >= slots_) return false;
     // The slot's previous chunk was consumed, so its write is complete or about to be.
     if (sent_ >= slots_)
@@ -409,7 +408,6 @@ class Sender {
   }
 
   void progress() {
-    meter_.waited_ns = credit_wait_ns_;
     meter_.line("stream send", "progress", true, "credit_wait").print(std::cout, o_.json);
   }
 
@@ -425,7 +423,6 @@ class Sender {
   std::vector<Future> writes_;
   uint64_t sent_ = 0, consumed_ = 0;
   bool receiver_stopped_ = false, done_ = false;
-  uint64_t credit_wait_ns_ = 0;
   Meter meter_;
 };
 
