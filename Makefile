@@ -130,12 +130,13 @@ test-python: deps-test
 	cd build && venv-wheel/bin/python ../examples/python/p2p_write.py
 
 # The live gauge page in headless Chromium (tests/browser): its rate follows `ferry gauge`'s UDP
-# input and a running `ferry stream --web`; screenshots land in build/ (gauge-*.png).
+# input and a running `ferry stream --web`; screenshots land in build/ (gauge-*.png). And the
+# stream's /metrics, read by prometheus_client's parser, against the bytes it moved.
 test-browser: deps-test
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS) --target ferry_cli
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/python -m pip install -q pytest selenium
+	$(VENV)/bin/python -m pip install -q pytest selenium prometheus_client
 	FERRY=build/release/tools/ferry FERRY_ARTIFACTS=build $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/browser
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).

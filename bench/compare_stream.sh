@@ -2,7 +2,8 @@
 # ferry stream beside ferry bench on this host, in one run, printing ratios: a stream of 64 KiB
 # frames from the built-in generator against `ferry bench --op write` of 64 KiB with as many in
 # flight as the ring has slots; then the emulator at a fixed rate below that for
-# EMULATE_SECONDS, with the receiver's frame checks (lost, late, latency p99).
+# EMULATE_SECONDS, with the receiver's frame checks (lost, late, latency p99); then the 8-byte
+# write p50 of `ferry bench` with metrics counted and not, METRICS_PAIRS runs of each, alternated.
 #   bash bench/compare_stream.sh            (after `make build`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ TRANSPORTS=${TRANSPORTS:-tcp shm}
 SLOTS=${SLOTS:-16}
 STREAM_BYTES=${STREAM_BYTES:-2G}
 EMULATE_SECONDS=${EMULATE_SECONDS:-60}
+METRICS_PAIRS=${METRICS_PAIRS:-8}
 EMULATE_SHARE=${EMULATE_SHARE:-0.15}  # of the stream's rate: on 2 cores the emulator, both stream ends and two
 # CRC32C passes share them; at 0.5 every frame was late, the emulator itself behind its pace
 [ -x "$FERRY" ] || { echo "compare_stream: run 'make build' first"; exit 1; }
@@ -90,3 +92,29 @@ echo "emulator at $rate for ${EMULATE_SECONDS} s over $first: frames $(field "$r
   "lost $(field "$rx" lost), bad CRC $(field "$rx" bad_crc), late (>1 ms) $(field "$rx" late)," \
   "latency p50 $(field "$rx" latency_p50_us) us p99 $(field "$rx" latency_p99_us) us," \
   "emulator late $(field "$em" late)"
+
+# Metrics on and off, alternated so that the host's slow and fast spells fall on both; each
+# transport as it comes, and shm busy-polled too (no thread wake-ups: the smallest p50, where a
+# cost shows most).
+metric_cases=()
+for t in $TRANSPORTS; do metric_cases+=("$t"); done
+[[ " $TRANSPORTS " == *" shm "* ]] && metric_cases+=("shm --busy-poll-us 20")
+for c in "${metric_cases[@]}"; do
+  read -r -a args <<<"$c"
+  for _ in $(seq 1 "$METRICS_PAIRS"); do
+    for m in 1 0; do
+      "$FERRY" bench --transport "${args[@]}" --op write --sizes 8 --iters 20000 --metrics "$m" --json |
+        python3 -c 'import json,sys; print(sys.argv[1].replace(" ", "_"), sys.argv[2], json.loads(sys.stdin.readline())["p50_us"])' "$c" "$m"
+    done
+  done
+done | python3 -c '
+import statistics, sys
+runs = {}
+for line in sys.stdin:
+    c, m, p50 = line.split()
+    runs.setdefault(c, {}).setdefault(m, []).append(float(p50))
+for c, by in runs.items():
+    on, off = statistics.median(by["1"]), statistics.median(by["0"])
+    print("8-byte write p50 (%s), metrics on %.2f us, off %.2f us ... ratio on/off %.3f (%d runs each)"
+          % (c.replace("_", " "), on, off, on / off, len(by["1"])))
+'

@@ -25,6 +25,7 @@
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
 #include "ferry/export.hpp"
+#include "ferry/metrics.hpp"
 #include "ferry/types.hpp"
 
 namespace ferry {
@@ -245,6 +246,8 @@ class FERRY_API Peer {
   // How far the peer is (same process, same host, other host), as the handshake showed.
   Reach reach() const;
   PeerStats stats() const;
+  // Its operations' counts per transport (ferry/metrics.hpp); empty unless Config::metrics.
+  PeerMetrics metrics() const;
   bool connected() const;
   // Fails in-flight operations with kCancelled and closes the connection.
   void close() const;
@@ -315,6 +318,9 @@ class FERRY_API Engine {
   void shutdown();
 
   EngineStats stats() const;
+  // Every connected peer's metrics (Peer::metrics) and the admission counts; .prometheus()
+  // gives the Prometheus text format. Takes the engine's peer list lock, never the data path's.
+  EngineMetrics metrics() const;
 
   // Transports compiled in and whether they are usable on this host.
   static std::vector<TransportInfo> transports();

@@ -37,6 +37,7 @@ Prepared = _ferry.Prepared
 Future = _ferry.Future
 ImmEvent = _ferry.ImmEvent
 __version__: str = _ferry.__version__  # type: ignore[attr-defined]
+LATENCY_BUCKET_BOUNDS_S: list = _ferry.LATENCY_BUCKET_BOUNDS_S  # type: ignore[attr-defined]
 
 _live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 

@@ -114,6 +114,11 @@ class Batch {
 void build_batch(const PyRegion& local, nb::handle remote, nb::handle local_offset,
                  nb::handle remote_offset, nb::handle length, bool writes_local, Batch& out);
 
+// Peer::metrics as a dict: engine_id, address, imms_received, and per transport name a dict of
+// operation kinds ("write", ..., each succeeded, failed, bytes, in_flight, latency: bucket
+// counts, latency_sum_s) and errors ({code name: count}).
+nb::dict metrics_dict(const PeerMetrics& m);
+
 void bind_engine(nb::module_& m);
 void bind_peer(nb::module_& m);
 void bind_future(nb::module_& m);

@@ -170,7 +170,7 @@ void bind_engine(nb::module_& m) {
              bool zero_copy_receives, std::size_t max_peers, std::size_t max_handshakes,
              int max_handshakes_per_source, std::size_t max_queued_imms,
              std::size_t max_queued_imms_total, double revoke_timeout,
-             std::size_t tcp_eager_bytes) {
+             std::size_t tcp_eager_bytes, bool metrics) {
             Config c;
             c.listen = listen;
             c.listen_host = listen_host;
@@ -203,6 +203,7 @@ void bind_engine(nb::module_& m) {
             c.max_queued_imms_total = max_queued_imms_total;
             c.revoke_timeout = seconds(revoke_timeout, "revoke_timeout");
             c.tcp.eager_bytes = tcp_eager_bytes;
+            c.metrics = metrics;
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -230,7 +231,7 @@ void bind_engine(nb::module_& m) {
           "max_queued_imms"_a = defaults.max_queued_imms,
           "max_queued_imms_total"_a = defaults.max_queued_imms_total,
           "revoke_timeout"_a = std::chrono::duration<double>(defaults.revoke_timeout).count(),
-          "tcp_eager_bytes"_a = defaults.tcp.eager_bytes,
+          "tcp_eager_bytes"_a = defaults.tcp.eager_bytes, "metrics"_a = defaults.metrics,
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
           "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
       .def_prop_ro(
@@ -254,6 +255,24 @@ void bind_engine(nb::module_& m) {
           },
           "What the engine holds and refused: peers, pending_handshakes, refused_connections, "
           "accept_failures.")
+      .def(
+          "metrics",
+          [](const PyEngine& e) {
+            EngineMetrics m = e.get().metrics();
+            nb::dict d;
+            nb::list peers;
+            for (const PeerMetrics& p : m.peers) peers.append(metrics_dict(p));
+            d["peers"] = peers;
+            d["peers_admitted"] = m.peers_admitted;
+            d["refused_connections"] = m.refused_connections;
+            return d;
+          },
+          "Every connected peer's operation counts (peers: a list of Peer.metrics dicts; "
+          "latency holds counts of buckets whose bounds are ferry.LATENCY_BUCKET_BOUNDS_S), with "
+          "peers_admitted and refused_connections.")
+      .def(
+          "prometheus", [](const PyEngine& e) { return e.get().metrics().prometheus(); },
+          "The engine's metrics in Prometheus text format (what ferry --web serves at /metrics).")
       .def(
           "register",
           [](nb::handle self, nb::handle obj, Access access) {

@@ -2,6 +2,8 @@
 // re-exports it with the exception classes and asyncio support).
 #include <nanobind/stl/string.h>
 
+#include <limits>
+
 #include "bindings.hpp"
 
 NB_MODULE(_ferry, m) {
@@ -11,6 +13,12 @@ NB_MODULE(_ferry, m) {
   // References a Ferry thread still held when the interpreter wound down are leaked on purpose
   // (SharedRef): reporting them at every exit would only be noise.
   nb::set_leak_warnings(false);
+  // Upper bounds of the latency buckets of metrics, in seconds; the last bucket has none.
+  nanobind::list bounds;
+  for (int b = 0; b < ferry::kLatencyBuckets - 1; ++b)
+    bounds.append(static_cast<double>(ferry::latency_bucket_bound_ns(b)) * 1e-9);
+  bounds.append(std::numeric_limits<double>::infinity());
+  m.attr("LATENCY_BUCKET_BOUNDS_S") = bounds;
   register_errors(m);
   bind_engine(m);
   bind_descriptor(m);

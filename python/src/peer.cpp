@@ -84,6 +84,36 @@ PyFuture* message(nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t
 
 }  // namespace
 
+nb::dict metrics_dict(const PeerMetrics& m) {
+  nb::dict d;
+  d["engine_id"] = m.engine_id;
+  d["address"] = m.address;
+  d["imms_received"] = m.imms_received;
+  nb::dict transports;
+  for (const TransportMetrics& t : m.transports) {
+    nb::dict kinds;
+    for (int k = 0; k < kOperationKinds; ++k) {
+      const OperationMetrics& o = t.operations[static_cast<std::size_t>(k)];
+      nb::dict op;
+      op["succeeded"] = o.succeeded;
+      op["failed"] = o.failed;
+      op["bytes"] = o.bytes;
+      op["in_flight"] = o.in_flight;
+      nb::list latency;
+      for (uint64_t n : o.latency) latency.append(n);
+      op["latency"] = latency;
+      op["latency_sum_s"] = static_cast<double>(o.latency_sum_ns) * 1e-9;
+      kinds[to_string(static_cast<OperationKind>(k))] = op;
+    }
+    nb::dict errors;
+    for (const auto& [code, n] : t.errors) errors[to_string(code)] = n;
+    kinds["errors"] = errors;
+    transports[std::string(to_string(t.transport)).c_str()] = kinds;
+  }
+  d["transports"] = transports;
+  return d;
+}
+
 void bind_peer(nb::module_& m) {
   auto peer = nb::class_<PyPeer>(m, "Peer",
                                  "A connected peer. Either side may start operations; every "
@@ -175,6 +205,9 @@ void bind_peer(nb::module_& m) {
                      d["unexpected_bytes"] = s.unexpected_bytes;
                      return d;
                    })
+      .def_prop_ro(
+          "metrics", [](const PyPeer& p) { return metrics_dict(p.peer.metrics()); },
+          "Its operations' counts per transport (a dict; see Engine.metrics).")
       .def(
           "close",
           [](PyPeer& p) {

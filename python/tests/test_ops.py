@@ -177,3 +177,31 @@ def test_peer_and_engine_properties(pair):
     names = [t["name"] for t in ferry.transports()]
     assert "tcp" in names and "verbs" in names
     assert pair.target.stats["peers"] == 1 and pair.target.stats["pending_handshakes"] == 0
+
+
+def test_metrics_count_the_operations_and_their_bytes(pair):
+    src = np.arange(4096, dtype=np.uint8)
+    dst = np.zeros(4096, dtype=np.uint8)
+    r_src = pair.initiator.register(src)
+    r_dst = pair.target.register(dst, access=ferry.Access.REMOTE_WRITE)
+    remote = ferry.Descriptor(r_dst.descriptor())
+    for _ in range(3):
+        pair.peer.write(r_src, remote, length=1000).wait(WAIT)
+    with pytest.raises(ferry.OutOfBounds):
+        pair.peer.write(r_src, remote, remote_offset=4000, length=200).wait(WAIT)
+    assert np.array_equal(dst[:1000], src[:1000])
+
+    m = pair.peer.metrics
+    assert m["engine_id"] == pair.target.id
+    write = m["transports"][pair.peer.transport]["write"]
+    assert (write["succeeded"], write["failed"], write["bytes"]) == (3, 1, 3000)
+    assert write["in_flight"] == 0 and sum(write["latency"]) == 4 and write["latency_sum_s"] > 0
+    assert len(write["latency"]) == len(ferry.LATENCY_BUCKET_BOUNDS_S)
+    assert m["transports"][pair.peer.transport]["errors"] == {"out_of_bounds": 1}
+    everything = pair.initiator.metrics()
+    assert everything["peers"] == [m]
+    text = pair.initiator.prometheus()
+    assert f'transport="{pair.peer.transport}",kind="write"}} 3000\n' in text
+
+    quiet = ferry.Engine(listen=False, metrics=False)
+    assert quiet.metrics()["peers"] == []

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/crypto.hpp"
+#include "core/cycle_clock.hpp"
 #include "core/sys.hpp"
 #include "transport/registry.hpp"
 
@@ -118,6 +119,7 @@ EngineImpl::EngineImpl(const Config& cfg)
       }()),
       id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
       incarnation(nonzero_random()) {
+  if (config.metrics) core::CycleClock::calibrate();
   for (TransportKind kind : config.transports) {
     if (transport_of(kind) != nullptr) continue;  // listed twice
     const transport::TransportEntry* entry = transport::find_transport(kind);
@@ -160,6 +162,7 @@ EngineImpl::~EngineImpl() {
 void EngineImpl::start() { listener_->start(); }
 
 void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
+  link.imms_received.fetch_add(1, std::memory_order_relaxed);
   auto peer = std::static_pointer_cast<PeerImpl>(link.owner.lock());
   ImmEvent event{link.remote_engine_id, imm, peer ? Peer(peer) : Peer()};
   std::unique_lock lock(imm_mu_);
@@ -400,6 +403,7 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
     peer->open_channels.fetch_add(1);
     peer->channels.add(std::move(channel));
   }
+  if (config.metrics) peer->link->pool->meter_channels(peer->channels.size());
   return {};
 }
 
@@ -459,6 +463,20 @@ EngineStats EngineImpl::stats() const {
   return s;
 }
 
+EngineMetrics EngineImpl::metrics() const {
+  EngineMetrics m;
+  std::vector<std::shared_ptr<PeerImpl>> peers;
+  {
+    std::lock_guard lock(mu_);
+    peers = peers_;
+    m.peers_admitted = admitted_;
+  }
+  m.refused_connections = listener_->refused();
+  m.peers.reserve(peers.size());
+  for (const auto& p : peers) m.peers.push_back(p->metrics());
+  return m;
+}
+
 EngineImpl::MemoryBound EngineImpl::memory_bound(const Config& c) {
   std::size_t channels = 0;  // a peer has at most one channel per configured transport
   for (TransportKind kind : c.transports) {
@@ -469,6 +487,7 @@ EngineImpl::MemoryBound EngineImpl::memory_bound(const Config& c) {
   b.per_handshake = Listener::worst_case_handshake_bytes();
   b.per_peer_fixed = sizeof(PeerImpl) + sizeof(transport::PeerLink) + sizeof(transport::OpPool) +
                      kControlBytes + channels;
+  if (c.metrics) b.per_peer_fixed += c.transports.size() * sizeof(transport::ChannelMeter);
   b.per_peer = b.per_peer_fixed + c.max_unexpected_bytes + c.max_queued_imms * kQueuedImmBytes;
   b.engine = c.max_handshakes * b.per_handshake + c.max_peers * b.per_peer_fixed +
              std::min(c.max_peers * c.max_unexpected_bytes, c.max_unexpected_bytes_total) +

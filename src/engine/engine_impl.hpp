@@ -91,6 +91,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // Connects each of the peer's channels to its address in `body` (CHANNEL_ADDRESSES).
   static Status connect_channels(const PeerImpl& peer, std::span<const uint8_t> body);
   EngineStats stats() const;
+  EngineMetrics metrics() const;
 
   // The most memory peers can make an engine of this configuration hold, in bytes, with a
   // channel on every configured transport (docs/architecture.md, "Limits", gives the formula).

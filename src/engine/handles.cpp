@@ -100,6 +100,7 @@ PeerStats Peer::stats() const {
   s.unexpected_bytes = unexpected.bytes;
   return s;
 }
+PeerMetrics Peer::metrics() const { return impl_ ? impl_->metrics() : PeerMetrics(); }
 void Peer::close() const {
   if (impl_) impl_->close({ErrorCode::kCancelled, "peer closed locally"});
 }
@@ -130,6 +131,7 @@ std::optional<ImmEvent> Engine::next_imm(Duration timeout) { return impl_->next_
 void Engine::on_imm(std::function<void(const ImmEvent&)> fn) { impl_->on_imm(std::move(fn)); }
 void Engine::shutdown() { impl_->shutdown(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
+EngineMetrics Engine::metrics() const { return impl_->metrics(); }
 
 std::string_view Engine::version() { return FERRY_VERSION; }
 

@@ -38,6 +38,7 @@ OpState* PeerImpl::start_op(OpKind kind) {
   op->kind = kind;
   op->slice_bytes = engine->config.slice_bytes;
   op->spin_ns = engine->config.wait_spin.count();
+  op->start_clock();
   return op;
 }
 
@@ -96,6 +97,7 @@ Status PeerImpl::take_local(OpState* op, const Region* local, uint64_t offset, u
 }
 
 Future PeerImpl::post(OpState* op) {
+  op->count_in_flight();
   if (lost.load() || !link->pool->mark_posted(op)) {
     if (op->kind == OpKind::kRecv && link->matcher.take_buffered(op)) return finish_now(op, {});
     return finish_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
@@ -111,6 +113,20 @@ Future PeerImpl::post(OpState* op) {
 TransportKind PeerImpl::transport() const {
   std::span<const uint8_t> order = route(engine::OpClass::kOneSided);
   return channels.at(order.empty() ? 0 : order[0]).kind();
+}
+
+PeerMetrics PeerImpl::metrics() const {
+  PeerMetrics m;
+  m.engine_id = engine_id;
+  m.address = address;
+  m.imms_received = link->imms_received.load(std::memory_order_relaxed);
+  if (!link->pool->metered()) return m;
+  m.transports.resize(channels.size());
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    m.transports[i].transport = channels.at(i).kind();
+    link->pool->meter(static_cast<uint8_t>(i)).read(m.transports[i]);
+  }
+  return m;
 }
 
 namespace {
@@ -444,6 +460,10 @@ Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64
   uint32_t region_id = 0;
   if (Status s = take_local(op, &local, offset, capacity, &addr, &region_id); !s.ok()) {
     return finish_now(op, {s.code(), "recv: " + s.message()});
+  }
+  // Counted on the channel that carries messages (a message arrives on it).
+  if (std::span<const uint8_t> order = route(engine::OpClass::kMessage); !order.empty()) {
+    op->channel = order[0];
   }
   op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0, region_id});
   op->pending.store(1);

@@ -75,6 +75,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   }
   // The transport write / read between host memory use.
   TransportKind transport() const;
+  PeerMetrics metrics() const;
 
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();

@@ -62,6 +62,7 @@ struct PeerLink {
   std::weak_ptr<void> owner;  // the engine's object for this peer: where notifications came from
   std::shared_ptr<OpPool> pool;
   Matcher matcher;
+  std::atomic<uint64_t> imms_received{0};  // write_with_imm notifications it delivered
 
   // Fails every posted op and receive with `reason`; call only when no channel of the peer
   // can touch user memory any more.

@@ -4,6 +4,8 @@
 #include <thread>
 #include <utility>
 
+#include "core/cycle_clock.hpp"
+
 namespace ferry::transport {
 
 void advance(const OpState& op, LaneCursor& cursor, uint64_t n) {
@@ -54,20 +56,57 @@ bool OpState::complete() {
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
   // An error's status was written under `mu`: taking it before `done` publishes the status.
+  // Counted before `done`: whoever sees the op complete sees it in the metrics.
   bool locked_publish = watchers.load() != 0;
   if (!locked_publish) {
+    meter(ErrorCode::kOk);
     done.store(true);
     if (watchers.load() == 0) return was_posted;  // no sleeper, callback or error: no lock
   }
   std::function<void(const Status&)> fn;
   {
     std::lock_guard lock(mu);
+    if (locked_publish) meter(has_error ? status.code() : ErrorCode::kOk);
     done.store(true);
     fn = std::exchange(callback, nullptr);
   }
   cv.notify_all();
   if (fn) fn(status);
   return was_posted;
+}
+
+namespace {
+OperationKind operation_kind(const OpState& op) {
+  switch (op.kind) {
+    case transport::OpKind::kWrite:
+      return op.with_imm ? OperationKind::kWriteWithImm : OperationKind::kWrite;
+    case transport::OpKind::kRead:
+      return OperationKind::kRead;
+    case transport::OpKind::kSend:
+      return OperationKind::kSend;
+    case transport::OpKind::kRecv:
+      break;
+  }
+  return OperationKind::kRecv;
+}
+}  // namespace
+
+void OpState::start_clock() {
+  if (pool->metered()) started_ticks = core::CycleClock::now();
+}
+
+void OpState::count_in_flight() {
+  if (started_ticks == 0) return;
+  pool->meter(channel).posted(operation_kind(*this));
+  in_flight_counted = true;
+}
+
+void OpState::meter(ErrorCode code) const {
+  if (started_ticks == 0) return;
+  uint64_t now = core::CycleClock::now();
+  uint64_t latency = now > started_ticks ? core::CycleClock::to_ns(now - started_ticks) : 0;
+  pool->meter(channel).completed(operation_kind(*this), code, bytes.load(std::memory_order_relaxed),
+                                 latency, in_flight_counted);
 }
 
 void OpState::on_complete(std::function<void(const Status&)> fn) {
@@ -108,6 +147,8 @@ void OpState::reset_for_reuse() {
   tag = 0;
   peer_token = 0;
   zero_copy = false;
+  started_ticks = 0;
+  in_flight_counted = false;
   // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
   ack_due.store(false, std::memory_order_relaxed);
   entries.clear();

@@ -14,6 +14,8 @@
 
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
+#include "ferry/metrics.hpp"
+#include "transport/meter.hpp"
 #include "transport/region_table.hpp"
 
 namespace ferry::detail {
@@ -104,7 +106,9 @@ struct OpState {
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;
-  int64_t spin_ns = 0;  // Future::wait spins this long before sleeping
+  int64_t spin_ns = 0;             // Future::wait spins this long before sleeping
+  uint64_t started_ticks = 0;      // when the call started it (core::CycleClock); 0: unmetered
+  bool in_flight_counted = false;  // count_in_flight() counted it
   // A large verbs message once the receiver answered: its handle for the message, and whether
   // the slices are RDMA WRITEs into its buffer (else CHUNK sends).
   uint64_t peer_token = 0;
@@ -177,8 +181,15 @@ struct OpState {
   }
   // On recycling: back to a fresh op's state.
   void reset_for_reuse();
+  // Starts the metrics' latency clock, if the pool meters its ops.
+  void start_clock();
+  // Counts the op in flight on its channel (metered ops), before it is posted: its completion
+  // then counts it out.
+  void count_in_flight();
 
  private:
+  // Counts the completion in the pool's meter of the op's channel, if it meters.
+  void meter(ErrorCode code) const;
   struct LaneSpill {
     LaneCursor lanes[kMaxLanes];
     OpState* next[kMaxLanes] = {};
@@ -222,6 +233,16 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // failing concurrently.
   template <typename Why>
   bool fail_posted(OpState* op, Why why);
+  // Counts ops in a meter per channel from now on (Config::metrics): called once, when the
+  // peer's channels are set and before any op starts.
+  void meter_channels(std::size_t channels) {
+    meters_ = std::make_unique<ChannelMeter[]>(channels);
+  }
+  bool metered() const { return meters_ != nullptr; }
+  // The counters of the peer's channel `channel` (metered pools only).
+  ChannelMeter& meter(uint8_t channel) { return meters_[channel]; }
+  const ChannelMeter& meter(uint8_t channel) const { return meters_[channel]; }
+
   // Whether an op posted and still incomplete has an entry in the local region `region_id`.
   // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
   // pool's lock and visits every op).
@@ -262,6 +283,7 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<Block*> blocks_[kBlocks] = {};
   std::atomic<ProgressSource*> progress_{nullptr};
   std::atomic<int> progress_users_{0};
+  std::unique_ptr<ChannelMeter[]> meters_;
 };
 
 template <typename Why>

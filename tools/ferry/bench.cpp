@@ -208,6 +208,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.streams) c.tcp.streams = *o.streams;
   if (o.qps) c.verbs.qps = *o.qps;
   if (o.cross_memory) c.shm.cross_memory = *o.cross_memory;
+  if (o.metrics) c.metrics = *o.metrics;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
   if (o.eager_bytes) c.tcp.eager_bytes = *o.eager_bytes;
@@ -788,7 +789,7 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   Initiator ini{o, engine, peer, remote, bytes, {}, {}, {}, {}, mail, progress};
   std::unique_ptr<GaugeServer> gauge;
   if (o.web) {
-    gauge = std::make_unique<GaugeServer>(*o.web, "ferry bench to " + peer.address());
+    gauge = std::make_unique<GaugeServer>(*o.web, "ferry bench to " + peer.address(), &engine);
     ini.gauge = gauge.get();
     std::cerr << "gauge on " << gauge->url() << std::endl;  // stdout may be --json rows
   }
@@ -882,6 +883,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--streams", o.streams);
   pass("--qps", o.qps);
   pass("--cross-memory", o.cross_memory);
+  pass("--metrics", o.metrics);
   pass("--slice", o.slice_bytes);
   pass("--stripe", o.stripe_bytes);
   pass("--eager", o.eager_bytes);

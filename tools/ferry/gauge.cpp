@@ -16,6 +16,7 @@
 
 #include "emulate.hpp"  // rate_value
 #include "endpoints.hpp"
+#include "ferry/ferry.hpp"
 #include "flags.hpp"
 #include "gauge_page.hpp"
 #include "info.hpp"  // json_string
@@ -32,14 +33,20 @@ double now_seconds() {
 
 }  // namespace
 
-GaugeServer::GaugeServer(const Address& at, std::string title)
-    : title_(std::move(title)), host_(at.host), server_(std::make_unique<httplib::Server>()) {
+GaugeServer::GaugeServer(const Address& at, std::string title, const Engine* engine)
+    : title_(std::move(title)),
+      engine_(engine),
+      host_(at.host),
+      server_(std::make_unique<httplib::Server>()) {
   server_->new_task_queue = [] { return new httplib::ThreadPool(kMaxViewers); };
   server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kGaugePage, "text/html; charset=utf-8");
   });
   server_->Get("/rate", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(event(), "application/json");
+  });
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
   server_->Get("/events", [this](const httplib::Request&, httplib::Response& res) {
     res.set_header("Cache-Control", "no-cache");
@@ -77,6 +84,19 @@ std::string GaugeServer::event() const {
   char numbers[96];
   std::snprintf(numbers, sizeof numbers, "\"t\":%.3f,\"rate\":%.1f", now_seconds(), rate_.load());
   return "{\"title\":" + json_string(title_) + "," + numbers + "}";
+}
+
+std::string GaugeServer::metrics() const {
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.1f", rate_.load());
+  std::string text =
+      "# HELP ferry_gauge_rate_bytes_per_second The rate the gauge shows.\n"
+      "# TYPE ferry_gauge_rate_bytes_per_second gauge\n"
+      "ferry_gauge_rate_bytes_per_second ";
+  text += rate;
+  text += '\n';
+  if (engine_ != nullptr) text += engine_->metrics().prometheus();
+  return text;
 }
 
 bool RateWindow::sample(uint64_t total_bytes, double& rate) {

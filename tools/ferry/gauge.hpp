@@ -1,7 +1,8 @@
 // The live throughput gauge: an HTTP server (cpp-httplib) on threads of its own that serves a
 // self-contained page (gauge_page.hpp), the current rate as Server-Sent Events four times a
-// second (/events) and as one JSON object (/rate). `ferry gauge` feeds it from UDP datagrams;
-// `ferry stream --web` from the stream itself.
+// second (/events) and as one JSON object (/rate), and the rate with the engine's metrics in
+// Prometheus text format (/metrics). `ferry gauge` feeds it from UDP datagrams; `ferry stream
+// --web` and `ferry bench --web` from their transfers.
 #pragma once
 
 #include <atomic>
@@ -21,6 +22,10 @@ namespace httplib {
 class Server;
 }  // namespace httplib
 
+namespace ferry {
+class Engine;
+}  // namespace ferry
+
 namespace ferry::cli {
 
 class GaugeServer {
@@ -32,7 +37,8 @@ class GaugeServer {
   static constexpr int kMaxViewers = 16;
 
   // Listens on `at` (port 0: a free one). Throws std::runtime_error naming the address.
-  GaugeServer(const Address& at, std::string title);
+  // `engine`, when given, must outlive the server: /metrics serves its Engine::metrics().
+  GaugeServer(const Address& at, std::string title, const Engine* engine = nullptr);
   ~GaugeServer();  // ends the event streams and stops the server
   GaugeServer(const GaugeServer&) = delete;
   GaugeServer& operator=(const GaugeServer&) = delete;
@@ -42,9 +48,11 @@ class GaugeServer {
   void publish(double bytes_per_second) { rate_.store(bytes_per_second); }
 
  private:
-  std::string event() const;  // one JSON object: title, time, rate
+  std::string event() const;    // one JSON object: title, time, rate
+  std::string metrics() const;  // the Prometheus text of /metrics
 
   std::string title_;
+  const Engine* engine_;
   std::string host_;
   int port_ = 0;
   std::atomic<double> rate_{0};

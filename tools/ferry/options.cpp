@@ -244,6 +244,10 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
                "shared-memory rings only, as where the kernel refuses it")
       ->type_name("0|1")
       ->default_str(engine.shm.cross_memory ? "1" : "0");
+  b.add_option("--metrics", o.metrics,
+               "Count every operation (Engine::metrics, /metrics of --web); 0: count nothing")
+      ->type_name("0|1")
+      ->default_str(engine.metrics ? "1" : "0");
   add(b, "--slice", o.slice_bytes, bytes(kMinSlice, kMaxSlice), "Slice size of large transfers")
       ->type_name("SIZE")
       ->default_str(human_size(engine.slice_bytes));

@@ -39,6 +39,7 @@ struct BenchOptions {
   std::optional<int> streams;
   std::optional<int> qps;
   std::optional<bool> cross_memory;  // shm: process_vm_readv between the two processes
+  std::optional<bool> metrics;       // Config::metrics
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;

@@ -113,9 +113,10 @@ struct Meter {
     bytes = chunks = bytes_at_last = waited_ns = waited_at_last = 0;
   }
   // A gauge on HOST:PORT (--web) that tick() feeds.
-  void show_on(const std::optional<Address>& web, const std::string& title, std::ostream& out) {
+  void show_on(const std::optional<Address>& web, const std::string& title, const Engine& engine,
+               std::ostream& out) {
     if (!web) return;
-    gauge = std::make_unique<GaugeServer>(*web, title);
+    gauge = std::make_unique<GaugeServer>(*web, title, &engine);
     out << "gauge on " << gauge->url() << std::endl;
   }
   void tick() {
@@ -254,7 +255,7 @@ class Sender {
     for (int i = 0; i < kControlBuffers; ++i) post_control_receive(i);
     writes_.resize(slots_);
     meter_.restart();
-    meter_.show_on(o_.web, "ferry stream to " + peer_.address(), std::cout);
+    meter_.show_on(o_.web, "ferry stream to " + peer_.address(), engine_, std::cout);
     std::string ended_by;
     try {
       ended_by = stream(source);
@@ -466,7 +467,7 @@ class Receiver {
     arrived_ns_.assign(slots, 0);
     credit_every_ = std::max<uint64_t>(1, slots / 4);
     meter_.restart();
-    meter_.show_on(o_.web, "ferry stream from " + peer_.address(), out_);
+    meter_.show_on(o_.web, "ferry stream from " + peer_.address(), engine_, out_);
     try {
       receive();
     } catch (const std::exception& e) {
