@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # ferry stream beside ferry bench on this host, in one run, printing ratios: a stream of 64 KiB
-# frames from the built-in generator against `ferry bench --op write` of 64 KiB with as many in
-# flight as the ring has slots; then the emulator at a fixed rate below that for
-# EMULATE_SECONDS, with the receiver's frame checks (lost, late, latency p99); then the 8-byte
-# write p50 of `ferry bench` with metrics counted and not, METRICS_PAIRS runs of each, alternated.
+# frames from the built-in generator, WINDOW writes in flight into a ring of 4 x WINDOW slots,
+# against `ferry bench --op write` of 64 KiB with WINDOW in flight; then the emulator at a fixed
+# rate below that for EMULATE_SECONDS, with the receiver's frame checks (lost, late, latency
+# p99); then the 8-byte write p50 of `ferry bench` with metrics counted and not, METRICS_PAIRS runs of each, alternated.
 #   bash bench/compare_stream.sh            (after `make build`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRY=${FERRY:-build/release/tools/ferry}
 REPEAT=${REPEAT:-3}
 TRANSPORTS=${TRANSPORTS:-tcp shm}
-SLOTS=${SLOTS:-16}
+WINDOW=${WINDOW:-16}
+SLOTS=$((4 * WINDOW))  # the ring: credits come back while the window's writes go
 STREAM_BYTES=${STREAM_BYTES:-2G}
 EMULATE_SECONDS=${EMULATE_SECONDS:-60}
 METRICS_PAIRS=${METRICS_PAIRS:-8}
@@ -44,11 +45,11 @@ start_receiver() {  # transport out-file extra-args...
 rows=""
 for run in $(seq 1 "$REPEAT"); do
   for t in $TRANSPORTS; do
-    bench=$("$FERRY" bench --transport "$t" --op write --sizes 64K --concurrency "$SLOTS" \
+    bench=$("$FERRY" bench --transport "$t" --op write --sizes 64K --concurrency "$WINDOW" \
       --iters 20000 --json | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["mb_per_s"])')
     # No --verify here: raw transfers check nothing either (the emulator run below does).
     at=$(start_receiver "$t" "$tmp/rx.log")
-    "$FERRY" stream --connect "$at" --transport "$t" --source gen --frame 64K \
+    "$FERRY" stream --connect "$at" --transport "$t" --window "$WINDOW" --source gen --frame 64K \
       --bytes "$STREAM_BYTES" --json --interval 0 >"$tmp/tx.log"
     wait
     rx=$(summary "$tmp/rx.log")
@@ -60,7 +61,7 @@ done
 
 echo "$rows" | python3 -c '
 import statistics, sys
-tmp, slots = sys.argv[1], sys.argv[2]
+tmp, window = sys.argv[1], sys.argv[2]
 by = {}
 for line in sys.stdin:
     if line.strip():
@@ -70,10 +71,10 @@ for t, runs in by.items():
     s = statistics.median(r[0] for r in runs)
     b = statistics.median(r[1] for r in runs)
     ratio = statistics.median(r[0] / r[1] for r in runs)
-    print("stream 64 KiB frames (gen, %s) %.0f MB/s ... ratio %.2f vs ferry bench write 64 KiB x%s (%.0f MB/s)"
-          % (t, s, ratio, slots, b))
+    print("stream 64 KiB frames (gen, %s, window %s) %.0f MB/s ... ratio %.2f vs ferry bench write 64 KiB x%s (%.0f MB/s)"
+          % (t, window, s, ratio, window, b))
     open("%s/rate_%s" % (tmp, t), "w").write("%.0f" % s)
-' "$tmp" "$SLOTS"
+' "$tmp" "$WINDOW"
 
 # The emulator at a share of the first transport's stream rate, through the stream.
 first=${TRANSPORTS%% *}

@@ -309,7 +309,8 @@ class FERRY_API Engine {
   // peer to come and go, watch stats().peers_admitted and stats().peers.
   std::optional<Peer> accept(Duration timeout);
 
-  // The next write_with_imm notification, if one arrives within `timeout`.
+  // The next write_with_imm notification, if one arrives within `timeout`. It spins for up to
+  // Config::wait_spin first, as Future::wait does, then sleeps.
   std::optional<ImmEvent> next_imm(Duration timeout);
   // Delivers notifications to `fn` (on a progress thread) instead of the queue.
   void on_imm(std::function<void(const ImmEvent&)> fn);

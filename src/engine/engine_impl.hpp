@@ -172,6 +172,8 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::mutex imm_mu_;
   std::condition_variable imm_cv_;
   std::deque<ImmEvent> imms_;
+  // imms_.size(), for next_imm's spin to look at without the lock.
+  std::atomic<std::size_t> imms_queued_{0};
   std::function<void(const ImmEvent&)> imm_callback_;
 };
 

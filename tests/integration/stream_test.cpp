@@ -100,8 +100,9 @@ TEST_P(StreamOver, EmulatorFramesArriveInOrderWithTheirChecksums) {
   Background receiver({"stream", "--listen", "127.0.0.1:0", "--verify", "--json", "--slots", "8",
                        "--slot-bytes", "256K", "--transport", transport});
   std::string at = listening_on(receiver);
-  Background sender(
-      {"stream", "--connect", at, "--source", source, "--json", "--transport", transport});
+  // Two writes in flight into eight slots: the window, not the ring, holds the sender back.
+  Background sender({"stream", "--connect", at, "--source", source, "--json", "--transport",
+                     transport, "--window", "2"});
   std::vector<std::string> sent = remaining_lines(sender);
   ASSERT_EQ(sender.wait(), 0) << sender.errors();
   ASSERT_EQ(emulator.wait(), 0) << emulator.errors();
@@ -111,6 +112,8 @@ TEST_P(StreamOver, EmulatorFramesArriveInOrderWithTheirChecksums) {
   // auto: the same-host transport, the best one both ends have here.
   std::string expected = transport == "auto" ? "shm" : transport;
   EXPECT_NE(sent.front().find("over " + expected), std::string::npos) << sent.front();
+  EXPECT_NE(sent.front().find("8 slots of 256K, 2 in flight at most"), std::string::npos)
+      << sent.front();
   std::string rx = summary_of(received);
   EXPECT_EQ(field(rx, "frames"), 2000) << rx;
   EXPECT_EQ(field(rx, "lost"), 0) << rx;

@@ -251,7 +251,7 @@ class Sender {
     Source source(o_, static_cast<uint8_t*>(staging_.data()), slots_, slot_bytes_);
     std::cout << "streaming " << source.name() << " to " << peer_.address() << " over "
               << to_string(peer_.transport()) << ": " << slots_ << " slots of "
-              << human_size(slot_bytes_) << std::endl;
+              << human_size(slot_bytes_) << ", " << window_ << " in flight at most" << std::endl;
     for (int i = 0; i < kControlBuffers; ++i) post_control_receive(i);
     writes_.resize(slots_);
     meter_.restart();
@@ -324,6 +324,7 @@ class Sender {
     }
     slots_ = h.slots;
     slot_bytes_ = h.slot_bytes;
+    window_ = o_.window > 0 ? std::min<uint64_t>(static_cast<uint64_t>(o_.window), slots_) : slots_;
     ring_ = Descriptor::decode(
         {static_cast<const uint8_t*>(control_.data()) + sizeof h, h.descriptor_bytes});
     if (ring_.length < slots_ * slot_bytes_)
@@ -381,6 +382,9 @@ class Sender {
     // The slot's previous chunk was consumed, so its write is complete or about to be.
     if (sent_ >= slots_)
       check(writes_[sent_ % slots_].wait(kEndWait), "write_with_imm to the receiver");
+    // At most window_ writes in flight: the oldest of them done first.
+    if (window_ < slots_ && sent_ >= window_)
+      check(writes_[(sent_ - window_) % slots_].wait(kEndWait), "write_with_imm to the receiver");
     return true;
   }
 
@@ -418,7 +422,7 @@ class Sender {
   Peer peer_;
   Region control_, staging_;
   Descriptor ring_;
-  uint64_t slots_ = 0, slot_bytes_ = 0;
+  uint64_t slots_ = 0, slot_bytes_ = 0, window_ = 0;
   Future controls_[kControlBuffers];
   int next_control_ = 0;
   std::vector<Future> writes_;
@@ -678,6 +682,10 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
       ->type_name("SINK")
       ->default_str(o.sink)
       ->needs(listen);
+  add(app, "--window", o.window, count(1, 1024),
+      "Send: writes in flight at most (default: the receiver's slots); a deeper ring with a "
+      "window keeps the receiver's credits off the critical path")
+      ->type_name("N");
   add(app, "--slots", o.slots, count(2, 1024), "Receive: slots in the ring")
       ->type_name("N")
       ->default_str(std::to_string(o.slots));

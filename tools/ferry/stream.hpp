@@ -24,6 +24,7 @@ struct StreamOptions {
   int slots = 16;                  // receiver: the ring's slots...
   uint64_t slot_bytes = 1 << 20;   // ...and each one's size, its 16-byte header included
   uint64_t frame = 64 << 10;       // sender, gen: bytes per generated frame
+  int window = 0;                  // sender: writes in flight at most (0: the ring's slots)
   uint64_t limit_bytes = 0;        // sender: stop after this many (0: at the source's end)
   double duration = 0;             // sender: stop after this many seconds (0: no limit)
   bool verify = false;             // receiver: check emulator frames (sequence, CRC, latency)
