@@ -126,7 +126,7 @@ struct Config {
   Duration wait_spin = std::chrono::microseconds(50);
 
   // Count every operation per peer and transport (Engine::metrics): relaxed atomic adds and two
-  // readings of the CPU's cycle counter per operation, about 5.4 KiB per channel. The 8-byte
+  // readings of the CPU's cycle counter per operation, about 10 KiB per channel. The 8-byte
   // write p50 with it on was 1.2 % (TCP) to 3.6 % (shm) above off, about the runs' noise
   // (docs/performance.md, "Metrics").
   bool metrics = true;

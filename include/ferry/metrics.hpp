@@ -1,7 +1,10 @@
 // What an engine's operations did, per peer and transport (Engine::metrics(), Peer::metrics()),
-// and its Prometheus text form. Counting happens where operations complete, in relaxed atomic
-// counters of the peer's channel: no lock, no allocation, two clock readings per operation.
-// Config::metrics turns it off.
+// and its Prometheus text form. Counting happens where operations are posted and complete, in
+// counters of the peer's channel striped by thread: no lock, no allocation, two readings of the
+// cycle counter per operation. An operation is counted just after its Future completes (so that
+// a caller spinning on it goes on at once): a read right after Future::wait may miss it for
+// that moment, never longer than the completing thread takes to count it; a callback (then())
+// sees it counted. Config::metrics turns counting off.
 #pragma once
 
 #include <array>

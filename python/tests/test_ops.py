@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -191,7 +193,14 @@ def test_metrics_count_the_operations_and_their_bytes(pair):
         pair.peer.write(r_src, remote, remote_offset=4000, length=200).wait(WAIT)
     assert np.array_equal(dst[:1000], src[:1000])
 
-    m = pair.peer.metrics
+    # An operation is counted just after its Future completes.
+    deadline = time.monotonic() + WAIT
+    while True:
+        m = pair.peer.metrics
+        counted = sum(sum(op["latency"]) for kinds in m["transports"].values()
+                      for name, op in kinds.items() if name != "errors")
+        if counted >= 4 or time.monotonic() > deadline:
+            break
     assert m["engine_id"] == pair.target.id
     write = m["transports"][pair.peer.transport]["write"]
     assert (write["succeeded"], write["failed"], write["bytes"]) == (3, 1, 3000)

@@ -283,7 +283,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<Block*> blocks_[kBlocks] = {};
   std::atomic<ProgressSource*> progress_{nullptr};
   std::atomic<int> progress_users_{0};
-  std::unique_ptr<ChannelMeter[]> meters_;
+  // Its own cache line: completing threads read it, and callers waiting write progress_users_.
+  alignas(64) std::unique_ptr<ChannelMeter[]> meters_;
 };
 
 template <typename Why>

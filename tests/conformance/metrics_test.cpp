@@ -2,8 +2,10 @@
 // (tests/conformance/conformance.hpp runs them for every transport).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "conformance/conformance.hpp"
 
@@ -21,6 +23,21 @@ uint64_t latency_count(const OperationMetrics& o) {
   uint64_t n = 0;
   for (uint64_t b : o.latency) n += b;
   return n;
+}
+
+// The peer's metrics once `operations` completions have been counted on it in all: an
+// operation is counted just after its Future completes.
+PeerMetrics once_counted(const Peer& peer, uint64_t operations) {
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  for (;;) {
+    PeerMetrics m = peer.metrics();
+    uint64_t counted = 0;
+    for (const TransportMetrics& t : m.transports) {
+      for (const OperationMetrics& o : t.operations) counted += latency_count(o);
+    }
+    if (counted >= operations || std::chrono::steady_clock::now() > deadline) return m;
+    std::this_thread::yield();
+  }
 }
 
 uint64_t errors_with(const TransportMetrics& t, ErrorCode code) {
@@ -50,7 +67,7 @@ TEST_P(Conformance, MetricsCountEachKindOfOperationAndItsBytes) {
   ASSERT_TRUE(r.wait(kWait).ok());
   EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data() + 200000, 100));
 
-  PeerMetrics out = p.peer.metrics();
+  PeerMetrics out = once_counted(p.peer, 4);
   EXPECT_EQ(out.engine_id, p.target.id());
   const TransportMetrics* t = metrics_of(out, GetParam());
   ASSERT_NE(t, nullptr);
@@ -73,7 +90,7 @@ TEST_P(Conformance, MetricsCountEachKindOfOperationAndItsBytes) {
   for (const OperationMetrics& o : t->operations) EXPECT_EQ(o.in_flight, 0u);
   EXPECT_TRUE(t->errors.empty());
 
-  PeerMetrics in = p.target_peer.metrics();
+  PeerMetrics in = once_counted(p.target_peer, 1);
   const TransportMetrics* u = metrics_of(in, GetParam());
   ASSERT_NE(u, nullptr);
   EXPECT_EQ(u->operation(OperationKind::kRecv).succeeded, 1u);
@@ -108,7 +125,7 @@ TEST_P(Conformance, MetricsCountFailuresByCodeAndOperationsInFlight) {
   // Not granted: the region lets peers write only.
   Transfer read{&src.region, 0, &remote, 0, 8};
   EXPECT_EQ(p.peer.read({&read, 1}).wait(kWait).code(), ErrorCode::kPermissionDenied);
-  PeerMetrics out = p.peer.metrics();
+  PeerMetrics out = once_counted(p.peer, 3);
   const TransportMetrics* t = metrics_of(out, GetParam());
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->operation(OperationKind::kWrite).failed, 2u);
@@ -128,7 +145,7 @@ TEST_P(Conformance, MetricsCountFailuresByCodeAndOperationsInFlight) {
   EXPECT_EQ(metrics_of(in, GetParam())->operation(OperationKind::kRecv).in_flight, 1u);
   ASSERT_TRUE(p.peer.send(9, src.region, 0, 64).wait(kWait).ok());
   ASSERT_TRUE(r.wait(kWait).ok());
-  in = p.target_peer.metrics();
+  in = once_counted(p.target_peer, 1);
   EXPECT_EQ(metrics_of(in, GetParam())->operation(OperationKind::kRecv).in_flight, 0u);
   EXPECT_EQ(metrics_of(in, GetParam())->operation(OperationKind::kRecv).succeeded, 1u);
 
@@ -136,12 +153,12 @@ TEST_P(Conformance, MetricsCountFailuresByCodeAndOperationsInFlight) {
   Future small = p.target_peer.recv(10, inbox.region, 0, 16);
   EXPECT_EQ(p.peer.send(10, src.region, 0, 64).wait(kWait).code(), ErrorCode::kTruncated);
   EXPECT_EQ(small.wait(kWait).code(), ErrorCode::kTruncated);
-  in = p.target_peer.metrics();
+  in = once_counted(p.target_peer, 2);
   const TransportMetrics* after = metrics_of(in, GetParam());
   EXPECT_EQ(after->operation(OperationKind::kRecv).failed, 1u);
   EXPECT_EQ(after->operation(OperationKind::kRecv).succeeded, 1u);
   EXPECT_EQ(errors_with(*after, ErrorCode::kTruncated), 1u);
-  out = p.peer.metrics();
+  out = once_counted(p.peer, 5);
   EXPECT_EQ(metrics_of(out, GetParam())->operation(OperationKind::kSend).failed, 1u);
   EXPECT_EQ(errors_with(*metrics_of(out, GetParam()), ErrorCode::kTruncated), 1u);
 }

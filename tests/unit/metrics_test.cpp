@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,29 +45,34 @@ TEST(Metrics, TheCycleClockMeasuresWhatSteadyClockMeasures) {
 }
 
 TEST(Metrics, ConcurrentCompletionsAreAllCounted) {
-  transport::ChannelMeter meter;
-  constexpr int kThreads = 6, kEach = 20000;  // more threads than stripes share some
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&meter, t] {
-      for (int i = 0; i < kEach; ++i) {
-        meter.posted(OperationKind::kWrite);
-        ErrorCode code = i % 100 == 0 ? ErrorCode::kTimeout : ErrorCode::kOk;
-        meter.completed(OperationKind::kWrite, code, 8, static_cast<uint64_t>(t) * 1000, true);
-      }
-    });
+  auto meter = std::make_unique<transport::ChannelMeter>();
+  // More threads at once than there are owned stripes: the later ones share the last. Then as
+  // many again, which take the stripes the first ones gave back when they ended.
+  constexpr int kThreads = 2 * transport::MeterStripe::kOwnedStripes, kEach = 20000, kRounds = 2;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&meter, t] {
+        for (int i = 0; i < kEach; ++i) {
+          meter->posted(OperationKind::kWrite);
+          ErrorCode code = i % 100 == 0 ? ErrorCode::kTimeout : ErrorCode::kOk;
+          meter->completed(OperationKind::kWrite, code, 8, static_cast<uint64_t>(t) * 1000, true);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
   }
-  for (auto& t : threads) t.join();
   TransportMetrics m;
-  meter.read(m);
+  meter->read(m);
   const OperationMetrics& w = m.operation(OperationKind::kWrite);
-  EXPECT_EQ(w.failed, kThreads * kEach / 100u);
-  EXPECT_EQ(w.succeeded, kThreads * kEach - w.failed);
+  constexpr uint64_t kAll = uint64_t{kRounds} * kThreads * kEach;
+  EXPECT_EQ(w.failed, kAll / 100);
+  EXPECT_EQ(w.succeeded, kAll - w.failed);
   EXPECT_EQ(w.bytes, 8 * w.succeeded);
   EXPECT_EQ(w.in_flight, 0u);
   uint64_t counted = 0;
   for (uint64_t n : w.latency) counted += n;
-  EXPECT_EQ(counted, uint64_t{kThreads} * kEach);
+  EXPECT_EQ(counted, kAll);
   ASSERT_EQ(m.errors.size(), 1u);
   EXPECT_EQ(m.errors[0].first, ErrorCode::kTimeout);
   EXPECT_EQ(m.errors[0].second, w.failed);
