@@ -1,7 +1,7 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
 .PHONY: bench-python test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
-        test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma check-layers bench-compare format tidy clean
+        test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
 FUZZ_RUNS ?= 300000
@@ -98,6 +98,15 @@ test-rdma-wire: deps-test
 	  --bin build/release/tests/ferry_test_target --bin build/release/tests/ferry_wire_probe
 bench-rdma-wire:
 	$(MAKE) test-rdma-wire WIRE_ROUNDS=3
+
+# ferry stream over verbs beside ferry bench write, and the emulator through a verifying stream
+# for 60 s, in one guest run (tests/rdma/stream-bench.tests); prints the ratio.
+bench-rdma-stream: deps-guest
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cli
+	bash tests/rdma/run-guest.sh --tests tests/rdma/stream-bench.tests --timeout 900 \
+	  --bin build/release/tools/ferry --bin tests/rdma/guest/stream-bench.sh
+	python3 tests/rdma/ratios.py build/rdma-guest/last-run.log --present
 
 # Ferry over verbs against perftest, in one guest run; prints ratios.
 bench-rdma: deps-guest

@@ -125,10 +125,11 @@ struct Config {
   // p50 on TCP loopback was 43 us with 0-20 us, 32 us with 50 us; 200 us only raised p99.
   Duration wait_spin = std::chrono::microseconds(50);
 
-  // Count every operation per peer and transport (Engine::metrics): relaxed atomic adds and two
-  // readings of the CPU's cycle counter per operation, about 10 KiB per channel. The 8-byte
-  // write p50 with it on was 1.2 % (TCP) to 3.6 % (shm) above off, about the runs' noise
-  // (docs/performance.md, "Metrics").
+  // Count every operation per peer and transport (Engine::metrics): a few stores to counters
+  // the thread owns and two readings of the CPU's cycle counter per operation (30-50 ns), about
+  // 10 KiB per channel. 8-byte write p50 on TCP: within 0.3 % of off. Over shm on a 2-core VM
+  // runs fell into a slower mode more often with it on (docs/performance.md, "Metrics"): turn it
+  // off where same-host latency is all that counts.
   bool metrics = true;
 
   // A peer silent for this long is declared lost and its operations fail with kPeerLost.

@@ -42,7 +42,10 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         ("write completion 8 B vs round trip", "ferry_write_lat_8", "write_lat_8", 2),
         ("read latency 8 B (completion)", "ferry_read_lat_8", "read_lat_8", 1),
         ("send bandwidth 64 KiB", "ferry_send_bw_64k", "send_bw_64k", 1),
-        ("send bandwidth 1 MiB", "ferry_send_bw_1m", "send_bw_1m", 1)]
+        ("send bandwidth 1 MiB", "ferry_send_bw_1m", "send_bw_1m", 1),
+        # ferry stream against ferry bench write (stream-bench.tests), not perftest
+        ("stream 64 KiB w16 / ferry write x16", "ferry_stream_64k_w16", "ferry_write_bw_64k_w16",
+         1)]
 print("%-36s %12s %12s %7s %9s %8s" % ("ferry over verbs vs perftest", "ferry", "perftest",
                                         "ratio", "(median)", "(pairs)"))
 missing = False
@@ -74,4 +77,11 @@ if scatter:
         submit = runs.get("ferry_scatter_submit_%s_%s" % (op, size))
         print("%-36s %12.2f %14s" % ("%s %s KiB x 1000" % (op, int(size) // 1024), medians[name],
                                      "%.1f" % min(v for v, _ in submit) if submit else "n/a"))
+# The emulator through a verifying stream (stream-bench.tests emulate).
+emulate = {n[len("emulate_"):]: metrics[n] for n in runs if n.startswith("emulate_")}
+if emulate:
+    print("emulator at %.0f MB/s over verbs: frames %d of %d sent, lost %d, bad CRC %d, late (>1 ms)"
+          " %d, latency p50 %.1f us p99 %.1f us" % tuple(emulate.get(k, float("nan")) for k in (
+              "rate_MBps", "frames", "frames_sent", "lost", "bad_crc", "late", "latency_p50_us",
+              "latency_p99_us")))
 sys.exit(1 if missing else 0)
