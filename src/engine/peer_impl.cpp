@@ -15,17 +15,7 @@ using transport::OpState;
 
 namespace {
 const char* op_name(OpKind kind, bool imm) {
-  switch (kind) {
-    case OpKind::kWrite:
-      return imm ? "write_with_imm" : "write";
-    case OpKind::kRead:
-      return "read";
-    case OpKind::kSend:
-      return "send";
-    case OpKind::kRecv:
-      return "recv";
-  }
-  return "op";
+  return to_string(transport::operation_kind(kind, imm));
 }
 
 engine::OpClass one_sided_class(const OpState& op) {

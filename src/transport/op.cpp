@@ -79,21 +79,7 @@ bool OpState::complete() {
   return was_posted;
 }
 
-namespace {
-OperationKind operation_kind(const OpState& op) {
-  switch (op.kind) {
-    case transport::OpKind::kWrite:
-      return op.with_imm ? OperationKind::kWriteWithImm : OperationKind::kWrite;
-    case transport::OpKind::kRead:
-      return OperationKind::kRead;
-    case transport::OpKind::kSend:
-      return OperationKind::kSend;
-    case transport::OpKind::kRecv:
-      break;
-  }
-  return OperationKind::kRecv;
-}
-}  // namespace
+namespace {}  // namespace
 
 void OpState::start_clock() {
   if (pool->metered()) started_ticks = core::CycleClock::now();
@@ -101,7 +87,7 @@ void OpState::start_clock() {
 
 void OpState::count_in_flight() {
   if (started_ticks == 0) return;
-  pool->meter(channel).posted(operation_kind(*this));
+  pool->meter(channel).posted(transport::operation_kind(kind, with_imm));
   in_flight_counted = true;
 }
 
@@ -109,8 +95,8 @@ void OpState::meter(ErrorCode code) const {
   if (started_ticks == 0) return;
   uint64_t now = core::CycleClock::now();
   uint64_t latency = now > started_ticks ? core::CycleClock::to_ns(now - started_ticks) : 0;
-  pool->meter(channel).completed(operation_kind(*this), code, bytes.load(std::memory_order_relaxed),
-                                 latency, in_flight_counted);
+  pool->meter(channel).completed(transport::operation_kind(kind, with_imm), code,
+                                 bytes.load(std::memory_order_relaxed), latency, in_flight_counted);
 }
 
 void OpState::on_complete(std::function<void(const Status&)> fn) {

@@ -28,6 +28,21 @@ using OpState = ::ferry::detail::OpState;
 
 enum class OpKind : uint8_t { kWrite, kRead, kSend, kRecv };
 
+// The kind metrics count an op as (write_with_imm apart from write).
+constexpr OperationKind operation_kind(OpKind kind, bool with_imm) {
+  switch (kind) {
+    case OpKind::kWrite:
+      return with_imm ? OperationKind::kWriteWithImm : OperationKind::kWrite;
+    case OpKind::kRead:
+      return OperationKind::kRead;
+    case OpKind::kSend:
+      return OperationKind::kSend;
+    case OpKind::kRecv:
+      break;
+  }
+  return OperationKind::kRecv;
+}
+
 // One contiguous piece of a batch.
 struct OpEntry {
   uint8_t* local = nullptr;
