@@ -92,7 +92,7 @@ class ChannelMeter {
   // The codes counted one by one (a later code counts as kSystem).
   static constexpr int kErrorCodes = static_cast<int>(ErrorCode::kUnsupported) + 1;
   // The counts most operations touch share the first cache line: the histogram's buckets below
-  // 16 us follow the sum, the bytes and the two in-flight counts.
+  // 8 us follow the sum, the bytes and the two in-flight counts.
   struct alignas(64) Kind {
     std::atomic<uint64_t> latency_sum_ns{0};
     std::atomic<uint64_t> bytes{0};
