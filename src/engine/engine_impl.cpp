@@ -315,7 +315,7 @@ void EngineImpl::deregister(RegionRecord& record) {
   if (!record.registered.exchange(false)) return;
   // Revocation waits for the operations using the region: their completions must be handled
   // even if nobody waits for them.
-  for (auto& p : live_peers()) {
+  for (auto& p : peers_with_channels()) {
     p->link->pool->unwatched();
     // A receive posted into the region and not yet matched would hold it forever.
     for (OpState* recv : p->link->matcher.take_posted_into(record.id)) {
@@ -329,7 +329,7 @@ void EngineImpl::deregister(RegionRecord& record) {
   // The peers are listed again once the region refuses new accesses: one that arrived in
   // between may hold it too.
   auto ask_back = [&] {
-    for (auto& p : live_peers()) p->channels.revoking(record.id);
+    for (auto& p : peers_with_channels()) p->channels.revoking(record.id);
   };
   auto cut_off = [&] {
     Status why{ErrorCode::kRevoked,
@@ -339,7 +339,7 @@ void EngineImpl::deregister(RegionRecord& record) {
                        std::chrono::duration_cast<std::chrono::milliseconds>(config.revoke_timeout)
                            .count()) +
                    " ms)"};
-    for (auto& p : live_peers()) {
+    for (auto& p : peers_with_channels()) {
       // An operation of ours from or into the region waits for this peer: it fails with it.
       if (p->link->pool->posted_uses_region(record.id)) {
         p->close(why);
@@ -356,9 +356,12 @@ void EngineImpl::deregister(RegionRecord& record) {
   if (record.owned && record.owned.use_count() > 1) (void)record.owned->detach();
 }
 
-std::vector<std::shared_ptr<PeerImpl>> EngineImpl::live_peers() const {
+std::vector<std::shared_ptr<PeerImpl>> EngineImpl::peers_with_channels() const {
   std::lock_guard lock(mu_);
-  return peers_;
+  std::vector<std::shared_ptr<PeerImpl>> all = peers_;
+  for (const auto& j : joining_) all.push_back(j.second.peer);
+  all.insert(all.end(), connecting_.begin(), connecting_.end());
+  return all;
 }
 
 transport::Transport* EngineImpl::transport_of(TransportKind kind) const {
@@ -516,6 +519,7 @@ void EngineImpl::peer_closed(PeerImpl* peer) {
     std::erase_if(peers_, same);
     std::erase_if(accepted_, same);  // a peer nobody accepted leaves the queue when it closes
     std::erase_if(joining_, [peer](const auto& j) { return j.second.peer.get() == peer; });
+    std::erase_if(connecting_, same);
   }
   accept_cv_.notify_all();
 }
@@ -673,6 +677,21 @@ Peer EngineImpl::connect(std::string_view host_port) {
 
   int control = fd.get();
   auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(fd));
+  // Listed until it is published or given up, so a deregistration reaches its channels.
+  struct Listed {
+    EngineImpl& engine;
+    const std::shared_ptr<PeerImpl>& peer;
+    Listed(EngineImpl& e, const std::shared_ptr<PeerImpl>& p) : engine(e), peer(p) {
+      std::lock_guard lock(engine.mu_);
+      engine.connecting_.push_back(peer);
+    }
+    ~Listed() {
+      std::lock_guard lock(engine.mu_);
+      std::erase(engine.connecting_, peer);
+    }
+    Listed(const Listed&) = delete;
+    Listed& operator=(const Listed&) = delete;
+  } listed(*this, peer);
   // Our addresses first, then the listener's: its own decide what both share (TCP streams).
   Status s = make_channels(peer, ack.channels, true);
   if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);
@@ -709,6 +728,7 @@ Peer EngineImpl::connect(std::string_view host_port) {
   {
     std::lock_guard lock(mu_);
     if (!stopping_.load()) {
+      std::erase(connecting_, peer);  // from one list to the other in one step
       peers_.push_back(peer);
       registered = true;
     }

@@ -140,11 +140,15 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   Region add_region(std::shared_ptr<RegionRecord> rec, Access access);
   // Takes the oldest queued notification (imm_mu_ held).
   ImmEvent pop_imm_locked();
-  // Peers and peers still joining (mu_ held).
-  std::size_t peer_count_locked() const { return peers_.size() + joining_.size(); }
+  // Peers, and peers still joining or connecting (mu_ held).
+  std::size_t peer_count_locked() const {
+    return peers_.size() + joining_.size() + connecting_.size();
+  }
 
-  // The published peers now (a copy: the caller may block).
-  std::vector<std::shared_ptr<PeerImpl>> live_peers() const;
+  // Every peer whose channels may reach our regions now: published, joining and connecting
+  // (a copy: the caller may block). The remote side may use a channel from its first attached
+  // stream on, before the peer is published here.
+  std::vector<std::shared_ptr<PeerImpl>> peers_with_channels() const;
   transport::Transport* transport_of(TransportKind kind) const;
 
   transport::RegionTable regions_;
@@ -166,6 +170,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
     Clock::time_point deadline;
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;
+  std::vector<std::shared_ptr<PeerImpl>> connecting_;  // in connect(), channels made
   std::deque<std::shared_ptr<PeerImpl>> accepted_;
   uint64_t admitted_ = 0;  // peers that connected to us and joined all their streams (mu_)
 

@@ -299,20 +299,10 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
       << "the flooder stays connected (it is alive, only slow); the legitimate peer left";
 }
 
-TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
-  Config c = test_config();
-  c.tcp.streams = 1;
-  c.revoke_timeout = std::chrono::milliseconds(200);
-  Engine server(c);
-  std::vector<uint8_t> mem(1 << 20, 0);
-  Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
-  Descriptor d = region.descriptor();
-  RawPeer raw(server, 91, kOtherHost);
-  auto accepted = server.accept(kWait);
-  ASSERT_TRUE(accepted.has_value());
-  // A small write, then a write of the whole region whose bytes stop after the first 10, in
-  // one segment: the stream handles all it received before it flushes the first ack, so once
-  // that ack is here the second write holds the region.
+// A small write, then a write of the whole region whose bytes stop after the first 10, in one
+// segment: the stream handles all it received before it flushes the first ack, so once that ack
+// is here the second write holds the region.
+void stall_mid_write(Raw& stream, const Descriptor& d) {
   core::FrameHeader w;
   w.type = tcp::TcpFrame::kWrite;
   w.region_id = d.region_id;
@@ -321,20 +311,120 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   w.op_id = 1;
   std::vector<uint8_t> frames(2 * core::kFrameHeaderSize + 8 + 10, 0xab);
   core::encode_header(w, frames.data());
-  w.length = static_cast<uint32_t>(mem.size());
+  w.length = static_cast<uint32_t>(d.length);
   w.op_id = 2;
   core::encode_header(w, frames.data() + core::kFrameHeaderSize + 8);
-  raw.stream->send(frames);
+  stream.send(frames);
   core::FrameHeader ack;
   std::vector<uint8_t> text;
-  ASSERT_TRUE(raw.stream->read(ack, text).ok());
+  ASSERT_TRUE(stream.read(ack, text).ok());
   ASSERT_EQ(ack.type, tcp::TcpFrame::kWriteAck);
   ASSERT_EQ(ack.op_id, 1u);
+}
+
+TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
+  Config c = test_config();
+  c.tcp.streams = 1;
+  c.revoke_timeout = std::chrono::milliseconds(200);
+  Engine server(c);
+  std::vector<uint8_t> mem(1 << 20, 0);
+  Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  RawPeer raw(server, 91, kOtherHost);
+  auto accepted = server.accept(kWait);
+  ASSERT_TRUE(accepted.has_value());
+  stall_mid_write(*raw.stream, region.descriptor());
   region.deregister();  // returns once the stalled peer is cut off
   EXPECT_TRUE(eventually([&] { return !accepted->connected(); }));
   // The stalled write was never acknowledged: the connection closed under it.
+  core::FrameHeader ack;
+  std::vector<uint8_t> text;
   EXPECT_FALSE(raw.stream->read(ack, text).ok());
   expect_legitimate_peer_served(server);
+}
+
+// A peer is not published until all its streams joined, but its first stream already serves
+// accesses: one of them stalled must not hold a deregistration either.
+TEST(Hostile, APeerStillJoiningCannotHoldADeregistration) {
+  Config c = patient_server();  // the join deadline must not be what ends the stall
+  c.tcp.streams = 2;
+  c.revoke_timeout = std::chrono::milliseconds(200);
+  Engine server(c);
+  std::vector<uint8_t> mem(1 << 20, 0);
+  Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  RawPeer raw(server, 92, kOtherHost);  // joins one stream of two
+  stall_mid_write(*raw.stream, region.descriptor());
+  ASSERT_EQ(server.stats().peers, 1u);
+  auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
+  bool returned = deregistered.wait_for(kWait) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "a joining peer's stalled write held the deregistration";
+  if (!returned) raw.stream.reset();  // ends the stall, so the test can end
+  deregistered.get();
+  core::FrameHeader ack;
+  std::vector<uint8_t> text;
+  if (returned) {
+    EXPECT_FALSE(raw.stream->read(ack, text).ok()) << "the stalled write was acked";
+  }
+  expect_legitimate_peer_served(server);
+}
+
+// The same from the side that connects: the server we connect to answers the handshake, lets
+// the first of two streams join and stalls a write into our region on it, while our connect()
+// waits for the second stream's JOIN_OK.
+TEST(Hostile, AServerStillJoiningOurStreamsCannotHoldADeregistration) {
+  Config c = test_config();
+  c.connect_timeout = std::chrono::seconds(60);  // the connect deadline must not end the stall
+  c.revoke_timeout = std::chrono::milliseconds(200);
+  Engine client(c);
+  std::vector<uint8_t> mem(1 << 20, 0);
+  Region region = client.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
+  core::Fd listening;
+  uint16_t port = 0;
+  ASSERT_TRUE(core::listen_tcp({"127.0.0.1", 0}, listening, port).ok());
+  ASSERT_TRUE(core::set_nonblocking(listening.get(), false).ok());
+  auto accept_one = [&] {
+    return Raw(core::Fd(::accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC)));
+  };
+  auto connected = std::async(std::launch::async, [&] {
+    try {
+      client.connect("127.0.0.1:" + std::to_string(port));
+      return Status{};
+    } catch (const Error& e) {
+      return e.status();
+    }
+  });
+  core::FrameHeader h;
+  std::vector<uint8_t> body;
+  Raw control = accept_one();
+  ASSERT_TRUE(control.read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kHello);
+  engine::HelloAck ack;
+  ack.engine_id = 93;
+  ack.incarnation = 1;
+  ack.channels = {TransportKind::kTcp};
+  control.send(engine::encode(ack));
+  ASSERT_TRUE(control.read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kChannelAddresses);
+  control.send(tcp_channel_addresses(2));
+  auto first = std::make_unique<Raw>(accept_one());
+  ASSERT_TRUE(first->read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kJoin);
+  first->send(engine::encode_empty(core::FrameType::kJoinOk));
+  Raw second = accept_one();  // never answered
+  ASSERT_TRUE(second.read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kJoin);
+  stall_mid_write(*first, region.descriptor());
+  auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
+  bool returned = deregistered.wait_for(kWait) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "a stalled write from a server still joining held the deregistration";
+  if (returned) {
+    EXPECT_FALSE(first->read(h, body).ok()) << "the stalled write was acked";
+  }
+  first.reset();  // ends the stall if it was not cut off, and the connect
+  deregistered.get();
+  control.fd.reset();
+  second.fd.reset();
+  Status s = connected.get();
+  EXPECT_FALSE(s.ok()) << "connect() succeeded with a stream that never joined";
 }
 
 TEST(Hostile, APeerThatNeverAnswersCannotHoldADeregistrationOfOurs) {

@@ -39,6 +39,8 @@ struct Raw {
       throw Error(ErrorCode::kConnectFailed, "connect from " + source);
     }
   }
+  // A connection our test listener accepted: it plays a hostile server.
+  explicit Raw(core::Fd accepted) : fd(std::move(accepted)) {}
   static core::Deadline deadline() { return Clock::now() + std::chrono::seconds(20); }
   void send(const std::vector<uint8_t>& bytes) {
     ASSERT_TRUE(core::write_all(fd.get(), bytes, deadline()).ok());
@@ -90,7 +92,8 @@ inline std::vector<uint8_t> tcp_channel_addresses(uint16_t streams = 1) {
 
 // A raw peer admitted by `server` (tcp.streams 1) with its one data stream: what a hostile
 // client holds after a complete handshake. Without `await_join_ok` it sends its stream's JOIN
-// and returns at once, so it can leave while the server is still admitting it.
+// and returns at once, so it can leave while the server is still admitting it. With a server of
+// more streams it joins only the first: the server holds it as joining, never publishes it.
 struct RawPeer {
   explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1",
                    bool await_join_ok = true)
