@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
+#include <functional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -83,6 +87,35 @@ TEST(CopyPool, CallersFromManyThreadsShareItAndAFailedPartFailsItsCall) {
   Status s = pool.pull(getpid(), local, remote, 2, kSize);
   EXPECT_EQ(s.code(), ErrorCode::kSystem) << s.to_string();
   EXPECT_NE(s.message().find("process_vm_readv"), std::string::npos) << s.to_string();
+}
+
+// Starts one helper, then fails as std::thread does when the system has no threads left.
+std::thread start_one_then_fail(std::function<void()> body) {
+  static std::atomic<int> started{0};
+  if (started.fetch_add(1) > 0) throw std::system_error(EAGAIN, std::generic_category(), "thread");
+  return std::thread(std::move(body));
+}
+
+std::thread never_start(std::function<void()>) {
+  throw std::system_error(EAGAIN, std::generic_category(), "thread");
+}
+
+TEST(CopyPool, HelpersThatCannotStartLeaveTheirPartsToTheCaller) {
+  std::vector<uint8_t> from(9 << 20), to(from.size());
+  for (std::size_t i = 0; i < from.size(); ++i) from[i] = static_cast<uint8_t>(i * 31 + i / 8191);
+  Pieces p(from, to);
+  for (CopyPool::StartThread start : {&start_one_then_fail, &never_start}) {
+    CopyPool pool(4, start);
+    for (int round = 0; round < 3; ++round) {
+      std::memset(to.data(), 0, to.size());
+      ASSERT_TRUE(
+          pool.pull(getpid(), p.local.data(), p.remote.data(), p.local.size(), from.size()).ok());
+      ASSERT_EQ(0, std::memcmp(from.data(), to.data(), from.size()));
+      std::memset(to.data(), 0, to.size());
+      pool.copy(to.data(), from.data(), from.size());
+      ASSERT_EQ(0, std::memcmp(from.data(), to.data(), from.size()));
+    }
+  }
 }
 
 }  // namespace

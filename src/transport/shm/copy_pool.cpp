@@ -35,8 +35,17 @@ CopyPool::~CopyPool() {
 void CopyPool::start_locked() {
   if (started_) return;
   started_ = true;
-  parts_ = std::vector<Part>(static_cast<std::size_t>(2 * helpers_));
-  for (int i = 0; i < helpers_; ++i) threads_.emplace_back([this] { run(); });
+  // A helper that cannot start (no threads or memory left) leaves fewer slots: the callers copy
+  // what no helper takes, so a copy never fails for want of helpers, it only goes slower.
+  try {
+    threads_.reserve(static_cast<std::size_t>(helpers_));  // a started thread is never dropped
+    for (int i = 0; i < helpers_; ++i) threads_.push_back(start_([this] { run(); }));
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): fewer helpers, see above
+  }
+  try {
+    parts_ = std::vector<Part>(2 * threads_.size());
+  } catch (const std::bad_alloc&) {  // NOLINT(bugprone-empty-catch): no slots, callers copy all
+  }
 }
 
 Status CopyPool::pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
@@ -49,9 +58,13 @@ void CopyPool::copy(void* dst, const void* src, std::size_t n) {
   (void)split(0, &to, &from, 1, n, kMinMemcpyPartBytes);  // a memcpy does not fail
 }
 
-Status CopyPool::run_part(const Part& part) {
-  if (part.pid != 0) {
-    return pull_once(part.pid, part.local.data(), part.remote.data(), part.n, part.bytes);
+Status CopyPool::run_part(const Part& part) noexcept {
+  try {
+    if (part.pid != 0) {
+      return pull_once(part.pid, part.local.data(), part.remote.data(), part.n, part.bytes);
+    }
+  } catch (const std::bad_alloc&) {  // a failure's message could not be made: still a failure
+    return {ErrorCode::kSystem, "out of memory"};  // short enough to need no allocation
   }
   for (std::size_t i = 0; i < part.n; ++i) {
     std::memcpy(part.local[i].iov_base, part.remote[i].iov_base, part.local[i].iov_len);

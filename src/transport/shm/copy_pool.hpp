@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -36,7 +37,14 @@ Status pull_once(pid_t pid, const iovec* local, const iovec* remote, std::size_t
 
 class CopyPool {
  public:
-  explicit CopyPool(int helpers) : helpers_(helpers) {}
+  // How a helper thread starts: std::thread, or in tests one that fails as the system can.
+  using StartThread = std::thread (*)(std::function<void()> body);
+  static std::thread start_thread(std::function<void()> body) {
+    return std::thread(std::move(body));
+  }
+
+  explicit CopyPool(int helpers, StartThread start = start_thread)
+      : helpers_(helpers), start_(start) {}
   ~CopyPool();
   CopyPool(const CopyPool&) = delete;
   CopyPool& operator=(const CopyPool&) = delete;
@@ -66,16 +74,19 @@ class CopyPool {
   };
   Status split(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total,
                std::size_t min_part);
-  static Status run_part(const Part& part);
+  // Never throws: a helper's exception would end the process, and a caller's would leave its
+  // other parts pointing at a Call gone from its stack.
+  static Status run_part(const Part& part) noexcept;
   void start_locked();
   void run();
   void copy(Part& part);  // then marks it done and frees the slot
 
   const int helpers_;
+  const StartThread start_;
   std::mutex mu_;
   std::condition_variable work_;  // helpers: a part was queued, or stop
   std::condition_variable done_;  // callers: a part finished
-  std::vector<Part> parts_;       // slots, sized on start: helpers x 2
+  std::vector<Part> parts_;       // slots, sized on start: helpers that started x 2
   bool started_ = false;
   bool stop_ = false;
   std::vector<std::thread> threads_;
