@@ -8,23 +8,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FERRY=${FERRY:-build/release/tools/ferry}
 BASELINES=${BASELINES:-build/release/bench/shm_baselines}
+# Preloaded into ucx_perftest so that its buffers hold bytes (see bench/ucx_populate.cpp).
+POPULATE=${POPULATE:-build/release/bench/libucx_populate.so}
 PORT=${PORT:-15211}
 REPEAT=${REPEAT:-3}
 
 for tool in ucx_perftest python3; do
   command -v "$tool" >/dev/null || { echo "compare_shm: $tool missing (make deps installs it)"; exit 1; }
 done
-[ -x "$FERRY" ] && [ -x "$BASELINES" ] || { echo "compare_shm: run 'make build' first"; exit 1; }
+[ -x "$FERRY" ] && [ -x "$BASELINES" ] && [ -f "$POPULATE" ] ||
+  { echo "compare_shm: run 'make build' first"; exit 1; }
 
 cleanup() { kill $(jobs -p) 2>/dev/null || true; }
 trap cleanup EXIT
 
-# UCX bandwidth in MB/s: UCX_TLS, test, size.
+# UCX bandwidth in MB/s: UCX_TLS, test, size, then "written" for buffers that hold bytes (as
+# Ferry's do) or "as-is" for ucx_perftest's own, whose send buffer is never written.
 ucx_bw() {
-  UCX_TLS=$1 ucx_perftest -p "$PORT" >/dev/null 2>&1 &
+  local with=(env UCX_TLS="$1")
+  [ "$4" = written ] && with+=(UCX_ALLOC_PRIO=heap LD_PRELOAD="$(realpath "$POPULATE")")
+  "${with[@]}" ucx_perftest -p "$PORT" >/dev/null 2>&1 &
   sleep 0.5
-  UCX_TLS=$1 ucx_perftest 127.0.0.1 -p "$PORT" -t "$2" -s "$3" -n $((2000 * 1048576 / $3 + 20)) -w 20 \
-    2>/dev/null | awk '/Final:/ {print $(NF-2)}' | tail -1
+  "${with[@]}" ucx_perftest 127.0.0.1 -p "$PORT" -t "$2" -s "$3" -n $((2000 * 1048576 / $3 + 20)) \
+    -w 20 2>/dev/null | awk '/Final:/ {print $(NF-2)}' | tail -1
   wait
 }
 # One field of ferry bench's JSON lines: json-lines op size field.
@@ -63,16 +69,18 @@ for run in $(seq 1 "$REPEAT"); do
     --json)
   tcp=$("$FERRY" bench --transport tcp --op write,read --sizes $M1 --concurrency 8 --same-area \
     --json)
-  ucx=""
-  for s in $M1 $M16; do
-    best=0
-    for tls in posix cma,tcp; do
-      for t in tag_bw ucp_am_bw; do
-        v=$(ucx_bw "$tls" "$t" "$s"); v=${v:-0}
-        best=$(python3 -c "print(max($best, $v))")
+  ucx="" ucx_as_is=""
+  for buffers in written as-is; do
+    for s in $M1 $M16; do
+      best=0
+      for tls in posix cma,tcp; do
+        for t in tag_bw ucp_am_bw; do
+          v=$(ucx_bw "$tls" "$t" "$s" "$buffers"); v=${v:-0}
+          best=$(python3 -c "print(max($best, $v))")
+        done
       done
+      if [ "$buffers" = written ]; then ucx+=" $best"; else ucx_as_is+=" $best"; fi
     done
-    ucx+=" $best"
   done
   rows+="$run $(b memcpy_${M1}_mbs) $(b memcpy_${M64}_mbs) $(b cma_${M64}_mbs)"
   rows+=" $(pick "$mapped" write $M1 mb_per_s) $(pick "$mapped" read $M1 mb_per_s)"
@@ -86,7 +94,7 @@ for run in $(seq 1 "$REPEAT"); do
   rows+=" $(pick "$lat_reg" write 8 p50_us) $(pick "$lat_reg" write_imm 8 p50_us)"
   rows+=" $(pick "$lat_busy" write 8 p50_us) $(pick "$lat_busy" write_imm 8 p50_us)"
   rows+=" $(pick "$ring" write $M1 mb_per_s) $(pick "$ring" read $M1 mb_per_s)"
-  rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)"$'\n'
+  rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)$ucx_as_is"$'\n'
 done
 
 echo "$rows" | python3 -c '
@@ -94,7 +102,7 @@ import statistics, sys
 runs = [list(map(float, l.split()[1:])) for l in sys.stdin if l.strip()]
 (MC1, MC64, CMA64, MW1, MR1, MW64, MR64, CW64, CR64,
  XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP,
- RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR) = range(27)
+ RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR, UA1, UA16) = range(29)
 def med(i): return statistics.median(r[i] for r in runs)
 def ratio(a, b): return statistics.median(r[a] / r[b] for r in runs if r[b] > 0)
 rows = [
@@ -117,7 +125,9 @@ print(f"medians of {len(runs)} runs (MB/s); ratio = median of per-run ratios")
 print("%-44s %10s %10s %7s" % ("measurement", "ferry", "peer", "ratio"))
 for name, a, b in rows:
     print(f"{name:<44} {med(a):>10.1f} {med(b):>10.1f} {ratio(a, b):>7.2f}")
-print("UCX best = the higher of tag_bw and ucp_am_bw with UCX_TLS=posix and UCX_TLS=cma,tcp")
+print("UCX best = the higher of tag_bw and ucp_am_bw with UCX_TLS=posix and UCX_TLS=cma,tcp, its")
+print("  buffers written (bench/ucx_populate.cpp); as ucx_perftest reports it, reading a send buffer")
+print(f"  it never wrote: {med(UA1):.1f} MB/s at 1 MiB, {med(UA16):.1f} MB/s at 16 MiB")
 print(f"mapped write 8 B p50 {med(LATW):.2f} us; write ping-pong 8 B p50 (half round trip) {med(LATPP):.2f} us")
 print(f"registered 8 B p50: write {med(RW8):.2f} us, write_with_imm {med(RI8):.2f} us; "
       f"with --busy-poll-us 20: {med(BW8):.2f} us, {med(BI8):.2f} us (each a round trip: "
