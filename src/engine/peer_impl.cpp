@@ -146,7 +146,8 @@ PeerImpl::Via PeerImpl::via(uint8_t channel) const {
   const transport::Channel& c = channels.at(channel);
   const transport::TransportEntry* entry = transport::find_transport(c.kind());
   return {c.kind(), static_cast<uint8_t>(std::clamp(c.rails(), 1, transport::kMaxRails)),
-          entry != nullptr ? entry->memory : transport::MemoryKinds{}, c.max_slice_bytes()};
+          entry != nullptr ? entry->memory : transport::MemoryKinds{}, c.max_slice_bytes(),
+          c.bounce_writes()};
 }
 
 bool PeerImpl::keys_for(const Descriptor& d, const Via& via, uint64_t* keys) {
@@ -308,12 +309,17 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
       return refuse(op, i, t, why, order);
     }
   }
+  for (const Transfer& t : batch) total += t.length;
   // Cut for the channel the batch goes on (a reroute may have changed it).
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
+  const transport::Channel::BounceWrites& bounce = via.bounce_writes;
+  if (op->kind == OpKind::kWrite && total >= bounce.from && total <= bounce.up_to &&
+      bounce.slice < op->slice_bytes) {
+    op->slice_bytes = bounce.slice;
+  }
   for (const Transfer& t : batch) {
     slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
                                           : transport::slice_count(t.length, op->slice_bytes);
-    total += t.length;
   }
   return std::nullopt;
 }

@@ -130,6 +130,7 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     uint8_t rails = 1;
     transport::MemoryKinds memory{};
     uint64_t max_slice = 0;  // Channel::max_slice_bytes
+    transport::Channel::BounceWrites bounce_writes;
   };
   Via via(uint8_t channel) const;
   // The keys of every rail of `via` (keys[0 .. rails - 1]); false when the descriptor lacks

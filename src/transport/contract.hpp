@@ -138,6 +138,15 @@ class Channel {
   // The largest slice the channel takes (0: any size): the engine cuts transfers for it no
   // larger than this, whatever Config::slice_bytes says.
   virtual uint64_t max_slice_bytes() const { return 0; }
+  // Writes of `from` to `up_to` bytes in all that the engine cuts into slices of `slice` bytes,
+  // for the channel to copy through its own buffers: where that beats its zero-copy path,
+  // which the others still take. {0, 0, 0}: none.
+  struct BounceWrites {
+    uint64_t from = 0;
+    uint64_t up_to = 0;
+    uint64_t slice = 0;
+  };
+  virtual BounceWrites bounce_writes() const { return {}; }
 
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;

@@ -20,9 +20,10 @@ TEST_P(Conformance, WriteAndReadAcrossSizesAndOddOffsets) {
   Buffer local(p.initiator, kCap, Access::kLocal, 1);
   Buffer remote(p.target, kCap, Access::kRemoteReadWrite, 2);
   Descriptor d = Descriptor::parse(remote.region.descriptor().to_string());
-  for (uint64_t size : {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{65},
-                        uint64_t{4096}, uint64_t{4097}, uint64_t{65537}, uint64_t{1} << 20,
-                        (uint64_t{3} << 20) + 13, uint64_t{8} << 20}) {
+  for (uint64_t size :
+       {uint64_t{1}, uint64_t{7}, uint64_t{63}, uint64_t{64}, uint64_t{65}, uint64_t{4096},
+        uint64_t{4097}, uint64_t{65537}, (uint64_t{256} << 10) - 1, uint64_t{256} << 10,
+        uint64_t{1} << 20, (uint64_t{1} << 20) + 1, (uint64_t{3} << 20) + 13, uint64_t{8} << 20}) {
     SCOPED_TRACE(size);
     uint64_t loff = size % 7, roff = size % 13;
     fill_pattern(local.bytes.data() + loff, size, static_cast<uint32_t>(size));

@@ -23,11 +23,14 @@
 
 namespace ferry::transport::shm {
 
-// The least a part holds: below it, waking a helper (~10 us here) costs more than it saves.
-// A process_vm_readv stream moves ~6.5 GB/s; memcpy ~45 GB/s at 1 MiB, where a split made
-// 1 MiB mapped writes fall from 41 to 25 GB/s, so memcpy splits only from 8 MiB up (16 MiB
-// mapped writes then moved 1.5x one memcpy thread, 64 MiB 1.4x).
-constexpr std::size_t kMinPartBytes = 256 << 10;
+// The least a part holds: below it, waking a helper (~10-50 us on this VM) costs more than it
+// saves. With parts from 256 KiB, 512 KiB reads (two parts) took 66-74 us at p50 one at a time
+// and moved 9.2-9.6 GB/s with 8 in flight; unsplit, 55 us and 12.5 GB/s; 2 and 4 MiB as
+// before (ferry bench --transport shm --op read, 2026-11-25). A process_vm_readv stream moves
+// ~6.5-9 GB/s; memcpy ~45 GB/s at 1 MiB, where a split made 1 MiB mapped writes fall from 41 to
+// 25 GB/s, so memcpy splits only from 8 MiB up (16 MiB mapped writes then moved 1.5x one
+// memcpy thread, 64 MiB 1.4x).
+constexpr std::size_t kMinPartBytes = 1 << 20;
 constexpr std::size_t kMinMemcpyPartBytes = 4 << 20;
 // The most helpers an engine may ask for (ShmConfig::copy_threads).
 constexpr int kMaxCopyThreads = 16;

@@ -371,6 +371,10 @@ uint64_t ShmChannel::max_slice_bytes() const {
   return no_cross_memory_.empty() ? 0 : kInlineBytes;  // every slice rides in its record
 }
 
+ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
+  return {kRingWritesFrom, kRingWritesUpTo, kInlineBytes};
+}
+
 Status ShmChannel::start() {
   in_.resize(kMaxRecordBytes);
   out_.resize(kMaxRecordBytes);

@@ -105,6 +105,7 @@ class ShmChannel final : public Channel,
   Status attach_side(int index, core::Fd fd) override;
   uint32_t lacks(std::string& why) const override;
   uint64_t max_slice_bytes() const override;
+  BounceWrites bounce_writes() const override;
   int lanes() const override { return 1; }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
