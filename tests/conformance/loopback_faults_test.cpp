@@ -4,6 +4,7 @@
 // while the peer closes, the engine shuts down or a region is deregistered. No hardware needed.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,37 @@ TEST_F(LoopbackFaults, PeersUseLoopbackAndNeedNoSideConnection) {
   EXPECT_EQ(p.target_peer.transport(), loopback::kKind);
   EXPECT_EQ(to_string(loopback::kKind), "loopback");
   EXPECT_EQ(p.target.stats().pending_handshakes, 0u);
+}
+
+// A channel that copies mid-size writes through its own buffers (shm's rings) gets them in its
+// small slices, and only them: not smaller or larger writes, not reads.
+TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
+  loopback::faults().bounce_from = 256 << 10;
+  loopback::faults().bounce_up_to = 1 << 20;
+  loopback::faults().bounce_slice = 16 << 10;
+  Pair p(loopback_config(), loopback_config());  // slice_bytes 64 KiB
+  Buffer src(p.initiator, 2 << 20, Access::kLocal, 5);
+  Buffer dst(p.target, 2 << 20, Access::kRemoteReadWrite, 6);
+  Descriptor d = dst.region.descriptor();
+  auto slices_of = [&](uint64_t size, bool read, bool with_imm = false) {
+    uint64_t before = loopback::faults().slices.load();
+    Transfer t{&src.region, 0, &d, 0, size};
+    Future f = read       ? p.peer.read({&t, 1})
+               : with_imm ? p.peer.write_with_imm({&t, 1}, 9)
+                          : p.peer.write({&t, 1});
+    EXPECT_TRUE(f.wait(kWait).ok());
+    EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), size)) << size;
+    if (with_imm) {
+      EXPECT_TRUE(p.target.next_imm(kWait).has_value());
+    }
+    return loopback::faults().slices.load() - before;
+  };
+  EXPECT_EQ(slices_of((256 << 10) - 1, false), 4u) << "below the window: 64 KiB slices";
+  EXPECT_EQ(slices_of(256 << 10, false), 16u);
+  EXPECT_EQ(slices_of(1 << 20, false), 64u);
+  EXPECT_EQ(slices_of(512 << 10, false, true), 32u) << "write_with_imm is a write";
+  EXPECT_EQ(slices_of((1 << 20) + 1, false), 17u) << "above the window: 64 KiB slices";
+  EXPECT_EQ(slices_of(1 << 20, true), 16u) << "reads are not bounced";
 }
 
 TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {

@@ -39,6 +39,10 @@ struct Faults {
   // opening a region with its own key as a NIC per rail would (1 to kMaxRails). A channel
   // stripes over the rails both ends have, lane l on rail l % rails.
   std::atomic<int> rails{1};
+  // Not a fault either: what every loopback channel answers to Channel::bounce_writes.
+  std::atomic<uint64_t> bounce_from{0};
+  std::atomic<uint64_t> bounce_up_to{0};
+  std::atomic<uint64_t> bounce_slice{0};
   void reset() {
     fail_every_slice = 0;
     break_at_slice = 0;
@@ -47,6 +51,9 @@ struct Faults {
     refuse_connect = false;
     slices = 0;
     rails = 1;
+    bounce_from = 0;
+    bounce_up_to = 0;
+    bounce_slice = 0;
   }
 };
 Faults& faults();
@@ -65,6 +72,10 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   Status connect(std::span<const uint8_t> remote) override;
   int lanes() const override { return kLanesPerRail * rails_; }
   int rails() const override { return rails_; }
+  BounceWrites bounce_writes() const override {
+    return {faults().bounce_from.load(), faults().bounce_up_to.load(),
+            faults().bounce_slice.load()};
+  }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
   bool closed() const override { return closing_.load(); }

@@ -18,7 +18,7 @@ std::unique_ptr<Transport> open(const Config& config, std::string&) {
     throw Error(ErrorCode::kInvalidArgument,
                 "config: shm.copy_threads must be 0.." + std::to_string(shm::kMaxCopyThreads));
   }
-  return std::make_unique<shm::ShmTransport>(config.shm.copy_threads, no_cross_memory(config));
+  return std::make_unique<shm::ShmTransport>(config.shm, no_cross_memory(config));
 }
 
 TransportInfo describe() {

@@ -164,7 +164,7 @@ bool cross_memory_allowed(std::string& why) {
 }
 
 ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory)
+                       std::string no_cross_memory, uint64_t ring_writes_up_to)
     : host_(args.host),
       pool_(std::move(pool)),
       link_(std::move(args.link)),
@@ -172,15 +172,17 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
+      ring_writes_up_to_(ring_writes_up_to),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
 
 ShmChannel::~ShmChannel() { unmap_all(); }
 
 Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                          std::string no_cross_memory, std::shared_ptr<ShmChannel>& out) {
-  std::shared_ptr<ShmChannel> channel(
-      new ShmChannel(std::move(args), std::move(pool), std::move(no_cross_memory)));
+                          std::string no_cross_memory, uint64_t ring_writes_up_to,
+                          std::shared_ptr<ShmChannel>& out) {
+  std::shared_ptr<ShmChannel> channel(new ShmChannel(
+      std::move(args), std::move(pool), std::move(no_cross_memory), ring_writes_up_to));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -372,7 +374,7 @@ uint64_t ShmChannel::max_slice_bytes() const {
 }
 
 ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
-  return {kRingWritesFrom, kRingWritesUpTo, kInlineBytes};
+  return {kRingWritesFrom, ring_writes_up_to_, kInlineBytes};
 }
 
 Status ShmChannel::start() {
@@ -1308,7 +1310,9 @@ void ShmChannel::report_closed() {
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
-  if (Status s = ShmChannel::create(std::move(args), pool_, no_cross_memory_, channel); !s.ok()) {
+  if (Status s =
+          ShmChannel::create(std::move(args), pool_, no_cross_memory_, ring_writes_up_to_, channel);
+      !s.ok()) {
     return s;
   }
   out = std::move(channel);

@@ -90,7 +90,8 @@ class ShmChannel final : public Channel,
  public:
   // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
   static Status create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory, std::shared_ptr<ShmChannel>& out);
+                       std::string no_cross_memory, uint64_t ring_writes_up_to,
+                       std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
   static std::size_t worst_case_bytes();
@@ -132,7 +133,8 @@ class ShmChannel final : public Channel,
   void taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv);
 
  private:
-  ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool, std::string no_cross_memory);
+  ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool, std::string no_cross_memory,
+             uint64_t ring_writes_up_to);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
@@ -240,6 +242,7 @@ class ShmChannel final : public Channel,
   // Why the two processes cannot pull from each other ("" when they can); set before the
   // channel is published.
   std::string no_cross_memory_;
+  const uint64_t ring_writes_up_to_;  // ShmConfig::ring_writes_up_to
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};
@@ -324,9 +327,10 @@ class ShmChannel final : public Channel,
 class ShmTransport final : public Transport {
  public:
   // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
-  ShmTransport(int copy_threads, std::string no_cross_memory)
-      : pool_(std::make_shared<CopyPool>(copy_threads)),
-        no_cross_memory_(std::move(no_cross_memory)) {}
+  ShmTransport(const ShmConfig& config, std::string no_cross_memory)
+      : pool_(std::make_shared<CopyPool>(config.copy_threads)),
+        no_cross_memory_(std::move(no_cross_memory)),
+        ring_writes_up_to_(config.ring_writes_up_to) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -340,6 +344,7 @@ class ShmTransport final : public Transport {
  private:
   std::shared_ptr<CopyPool> pool_;  // shared with the channels, which may outlive this
   std::string no_cross_memory_;
+  uint64_t ring_writes_up_to_;  // ShmConfig::ring_writes_up_to
 };
 
 }  // namespace ferry::transport::shm

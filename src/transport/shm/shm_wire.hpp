@@ -84,15 +84,15 @@ constexpr uint32_t kMaxEntries = 256;
 // socket costs less than the process_vm_readv call and its page walk (*to measure*; TCP's
 // staging buffer draws the same line at 16 KiB).
 constexpr std::size_t kInlineBytes = 16 << 10;
-// Writes of these many bytes in all ride in records too, cut into kInlineBytes slices, although
-// process_vm_readv could pull them: the rings' copies run in cache, pipelined on both sides,
-// where one process_vm_readv of 512 KiB-1 MiB walks its pages alone. `ferry bench --transport
-// shm`, 2026-11-25, MB/s pulled -> through the rings, one write at a time: 128 KiB 11327 ->
-// 6817, 256 KiB 13082 -> 17698, 1 MiB 7459 -> 18680, 2 MiB 8654 -> 6040-9828; 8 in flight:
-// 256 KiB 13729 -> 26310, 1 MiB 10481 -> 22530. Below 256 KiB a pull is one record where the
-// rings take several, each a chance to find the target's vCPU idle (~24 us to wake here).
+// Writes from this many bytes in all (up to ShmConfig::ring_writes_up_to, 1 MiB by default)
+// ride in records too, cut into kInlineBytes slices, although process_vm_readv could pull them:
+// the rings' copies run in cache, pipelined on both sides, where one process_vm_readv of
+// 512 KiB-1 MiB walks its pages alone. `ferry bench --transport shm`, 2026-11-25, MB/s pulled
+// -> through the rings, one write at a time: 128 KiB 11327 -> 6817, 256 KiB 13082 -> 17698,
+// 1 MiB 7459 -> 18680, 2 MiB 8654 -> 6040-9828; 8 in flight: 256 KiB 13729 -> 26310, 1 MiB
+// 10481 -> 22530. Below 256 KiB a pull is one record where the rings take several, each a
+// chance to find the target's vCPU idle (~24 us to wake here).
 constexpr std::size_t kRingWritesFrom = 256 << 10;
-constexpr std::size_t kRingWritesUpTo = 1 << 20;
 // An error text in a response.
 constexpr std::size_t kMaxTextBytes = 512;
 // The largest record: a full table and the inline bytes.
