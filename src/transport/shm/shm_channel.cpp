@@ -435,8 +435,8 @@ Status ShmChannel::enqueue_locked(OpState* op) {
   return pump_locked();
 }
 
-void ShmChannel::send_locked(std::span<const uint8_t> record, bool& full) {
-  full = !outbound_.valid() || !outbound_.write(record);
+void ShmChannel::send_locked(std::span<const uint8_t> a, bool& full, std::span<const uint8_t> b) {
+  full = !outbound_.valid() || !outbound_.write(a, b);
 }
 
 Status ShmChannel::send_file_locked(uint32_t region, int file, bool& full) {
@@ -483,7 +483,7 @@ Status ShmChannel::pump_locked() {
         request_pending_ = true;
         --credits_;
       }
-      send_locked({out_.data(), out_length_}, full);
+      send_locked({out_.data(), out_length_}, full, out_payload_);
       if (full) break;
       request_pending_ = false;
     }
@@ -510,6 +510,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
   Header h;
   h.op_id = op->id.load(std::memory_order_relaxed);
   uint8_t* table = out_.data() + kHeaderBytes;
+  out_payload_ = {};
   bool last = true;  // the op's last record: it leaves the queue
   if (op->kind == OpKind::kSend) {
     const OpEntry& e = op->entries[0];
@@ -523,7 +524,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
     if (e.length <= kInlineBytes) {
       h.flags = kFlagInline;
       h.payload = static_cast<uint32_t>(e.length);
-      if (e.length > 0) std::memcpy(table + kEntryBytes, e.local, e.length);
+      out_payload_ = {e.local, e.length};
     }
   } else if (op->lanes[0].remaining == 0) {
     // A write_with_imm whose bytes post_mapped copied: only its notification is left.
@@ -587,7 +588,9 @@ void ShmChannel::encode_request_locked(OpState* op) {
       const OpEntry& e = op->entries[c.entry];
       Entry x = entry_at(c, slice_length(c));
       put_entry(x, table + std::size_t{i} * kEntryBytes);
-      if (inline_bytes && write && x.length > 0) {
+      if (inline_bytes && write && count == 1) {
+        out_payload_ = {e.local + c.offset, x.length};
+      } else if (inline_bytes && write && x.length > 0) {
         std::memcpy(payload, e.local + c.offset, x.length);
         payload += x.length;
       }
@@ -604,7 +607,7 @@ void ShmChannel::encode_request_locked(OpState* op) {
     }
   }
   put_header(h, out_.data());
-  out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload;
+  out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload - out_payload_.size();
   if (last) {
     queue_head_ = op->lane_next[0];
     if (queue_head_ == nullptr) queue_tail_ = nullptr;

@@ -157,7 +157,8 @@ class ShmChannel final : public Channel,
   Status enqueue_locked(OpState* op);
   // Writes one record into the peer's ring; `full` when it lacks room (the peer rings our bell
   // once it freed some).
-  void send_locked(std::span<const uint8_t> record, bool& full);
+  // One record, `a` then `b`.
+  void send_locked(std::span<const uint8_t> a, bool& full, std::span<const uint8_t> b = {});
   // Sends a lent region's file over the socket, ahead of its kMap record.
   Status send_file_locked(uint32_t region, int file, bool& full);
   // Encodes the queue head's next request into out_.
@@ -274,6 +275,9 @@ class ShmChannel final : public Channel,
   OpState* queue_tail_ = nullptr;
   std::vector<uint8_t> out_;  // kMaxRecordBytes; the request being sent is its first out_length_
   std::size_t out_length_ = 0;
+  // The request's inline bytes where they are one slice: they go from the caller's memory
+  // straight into the ring, not through out_ (one copy less for every mid-size write).
+  std::span<const uint8_t> out_payload_;
   std::vector<std::vector<uint8_t>> answers_;  // a ring of queued answers
   std::size_t answer_head_ = 0, answer_count_ = 0;
   // Final answers to held sends: one per message the matcher holds, which its limits bound.
