@@ -347,7 +347,8 @@ class Sender {
 
   // Handles the control messages that arrived, in order; waits up to `timeout` for the first.
   void take_controls(std::chrono::milliseconds timeout = 0ms) {
-    for (;;) {
+    // Nothing follows DONE: the receiver may be gone already, failing the receives still posted.
+    while (!done_) {
       Future& f = controls_[next_control_];
       if (!f.test() && (timeout.count() == 0 || f.wait(timeout).code() == ErrorCode::kTimeout))
         return;
