@@ -269,8 +269,8 @@ struct ImmEvent {
 
 // What an engine holds now and what it refused (Engine::stats()).
 struct EngineStats {
-  std::size_t peers = 0;               // connected, plus admitted ones whose streams are joining
-  uint64_t peers_admitted = 0;         // peers that connected to us since the engine started
+  std::size_t peers = 0;        // connected, plus ones whose streams are joining or connecting
+  uint64_t peers_admitted = 0;  // peers that connected to us since the engine started
   std::size_t pending_handshakes = 0;  // connections not yet admitted or joined
   uint64_t refused_connections = 0;    // handshakes refused, evicted, timed out or failed
   uint64_t accept_failures = 0;        // accept() out of descriptors or memory (then backs off)

@@ -1,6 +1,6 @@
 // The channels of one peer: one per transport both sides chose, in the accepting side's order.
-// Filled while the handshake sets the peer up, before any other thread can see it, and never
-// changed after; so it is read without a lock.
+// Filled while the handshake sets the peer up, before the engine lists the peer anywhere another
+// thread can find it, and never changed after; so it is read without a lock.
 #pragma once
 
 #include <array>

@@ -677,7 +677,17 @@ Peer EngineImpl::connect(std::string_view host_port) {
 
   int control = fd.get();
   auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(fd));
-  // Listed until it is published or given up, so a deregistration reaches its channels.
+  // Our addresses first, then the listener's: its own decide what both share (TCP streams).
+  Status s = make_channels(peer, ack.channels, true);
+  if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);
+  if (s.ok()) s = expect(control, deadline, FrameType::kChannelAddresses, body);
+  if (s.ok()) s = connect_channels(*peer, body);
+  if (!s.ok()) {
+    peer->close(s);
+    fail(s);
+  }
+  // Listed, its channels complete, until it is published or given up: from its first attached
+  // stream on the listener may use it, and a deregistration or shutdown must reach it.
   struct Listed {
     EngineImpl& engine;
     const std::shared_ptr<PeerImpl>& peer;
@@ -692,15 +702,6 @@ Peer EngineImpl::connect(std::string_view host_port) {
     Listed(const Listed&) = delete;
     Listed& operator=(const Listed&) = delete;
   } listed(*this, peer);
-  // Our addresses first, then the listener's: its own decide what both share (TCP streams).
-  Status s = make_channels(peer, ack.channels, true);
-  if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);
-  if (s.ok()) s = expect(control, deadline, FrameType::kChannelAddresses, body);
-  if (s.ok()) s = connect_channels(*peer, body);
-  if (!s.ok()) {
-    peer->close(s);
-    fail(s);
-  }
   for (const auto& channel : peer->channels.all()) {
     for (int i = 0; i < channel->side_connections(); ++i) {
       core::Fd side;
@@ -726,16 +727,21 @@ Peer EngineImpl::connect(std::string_view host_port) {
   peer->start_control();
   bool registered = false;
   {
+    // A peer closed while connecting (cut off by a deregistration, or its link lost) is not
+    // published: it would stay listed, dead, holding a max_peers place.
     std::lock_guard lock(mu_);
-    if (!stopping_.load()) {
+    if (!stopping_.load() && !peer->lost.load()) {
       std::erase(connecting_, peer);  // from one list to the other in one step
       peers_.push_back(peer);
       registered = true;
     }
   }
   if (!registered) {
-    peer->close({ErrorCode::kCancelled, "engine shut down"});
-    throw Error(ErrorCode::kCancelled, "connect: engine shut down");
+    Status why = stopping_.load()
+                     ? Status(ErrorCode::kCancelled, "engine shut down")
+                     : Status(ErrorCode::kPeerLost, "the peer was closed while connecting");
+    peer->close(why);
+    fail(why);
   }
   return Peer(peer);
 }
@@ -775,12 +781,7 @@ void EngineImpl::shutdown() {
   if (stopping_.exchange(true)) return;
   listener_->stop();
 
-  std::vector<std::shared_ptr<PeerImpl>> all;
-  {
-    std::lock_guard lock(mu_);
-    all = peers_;
-    for (auto& j : joining_) all.push_back(j.second.peer);
-  }
+  std::vector<std::shared_ptr<PeerImpl>> all = peers_with_channels();
   Status cancelled{ErrorCode::kCancelled, "engine shut down"};
   for (auto& p : all) p->close(cancelled);
   // Let the progress threads stop the streams, which fails what was in flight.
@@ -796,6 +797,7 @@ void EngineImpl::shutdown() {
     std::lock_guard lock(mu_);
     peers_.clear();
     joining_.clear();
+    connecting_.clear();
     accepted_.clear();
   }
   {

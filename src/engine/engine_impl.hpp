@@ -170,7 +170,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
     Clock::time_point deadline;
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;
-  std::vector<std::shared_ptr<PeerImpl>> connecting_;  // in connect(), channels made
+  std::vector<std::shared_ptr<PeerImpl>> connecting_;  // in connect(), channels connected
   std::deque<std::shared_ptr<PeerImpl>> accepted_;
   uint64_t admitted_ = 0;  // peers that connected to us and joined all their streams (mu_)
 

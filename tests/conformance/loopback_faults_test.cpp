@@ -67,11 +67,14 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
   Buffer src(p.initiator, 2 << 20, Access::kLocal, 5);
   Buffer dst(p.target, 2 << 20, Access::kRemoteReadWrite, 6);
   Descriptor d = dst.region.descriptor();
-  auto slices_of = [&](uint64_t size, bool read, bool with_imm = false) {
+  uint32_t seed = 10;
+  auto slices_of = [&](uint64_t size, bool read, bool with_imm = false, bool prepared = false) {
+    fill_pattern(read ? dst.bytes : src.bytes, ++seed);  // what was there before cannot pass
     uint64_t before = loopback::faults().slices.load();
     Transfer t{&src.region, 0, &d, 0, size};
     Future f = read       ? p.peer.read({&t, 1})
                : with_imm ? p.peer.write_with_imm({&t, 1}, 9)
+               : prepared ? p.peer.prepare_write({&t, 1}).post()
                           : p.peer.write({&t, 1});
     EXPECT_TRUE(f.wait(kWait).ok());
     EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), size)) << size;
@@ -85,6 +88,7 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
   EXPECT_EQ(slices_of(1 << 20, false), 64u);
   EXPECT_EQ(slices_of(512 << 10, false, true), 32u) << "write_with_imm is a write";
   EXPECT_EQ(slices_of((1 << 20) + 1, false), 17u) << "above the window: 64 KiB slices";
+  EXPECT_EQ(slices_of(1 << 20, false, false, true), 64u) << "a prepared write is cut alike";
   EXPECT_EQ(slices_of(1 << 20, true), 16u) << "reads are not bounced";
 }
 

@@ -4,6 +4,7 @@
 // transfers, and that what the engine holds stays within its configured limits.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,7 +333,7 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   RawPeer raw(server, 91, kOtherHost);
   auto accepted = server.accept(kWait);
   ASSERT_TRUE(accepted.has_value());
-  stall_mid_write(*raw.stream, region.descriptor());
+  ASSERT_NO_FATAL_FAILURE(stall_mid_write(*raw.stream, region.descriptor()));
   region.deregister();  // returns once the stalled peer is cut off
   EXPECT_TRUE(eventually([&] { return !accepted->connected(); }));
   // The stalled write was never acknowledged: the connection closed under it.
@@ -352,7 +353,7 @@ TEST(Hostile, APeerStillJoiningCannotHoldADeregistration) {
   std::vector<uint8_t> mem(1 << 20, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
   RawPeer raw(server, 92, kOtherHost);  // joins one stream of two
-  stall_mid_write(*raw.stream, region.descriptor());
+  ASSERT_NO_FATAL_FAILURE(stall_mid_write(*raw.stream, region.descriptor()));
   ASSERT_EQ(server.stats().peers, 1u);
   auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
   bool returned = deregistered.wait_for(kWait) == std::future_status::ready;
@@ -381,7 +382,13 @@ TEST(Hostile, AServerStillJoiningOurStreamsCannotHoldADeregistration) {
   uint16_t port = 0;
   ASSERT_TRUE(core::listen_tcp({"127.0.0.1", 0}, listening, port).ok());
   ASSERT_TRUE(core::set_nonblocking(listening.get(), false).ok());
+  // Waits kWait at most: a connect() that never opens the connection fails the test, not hangs it.
   auto accept_one = [&] {
+    pollfd ready{listening.get(), POLLIN, 0};
+    if (::poll(&ready, 1, static_cast<int>(kWait / std::chrono::milliseconds(1))) != 1) {
+      ADD_FAILURE() << "connect() opened no connection";
+      return Raw(core::Fd());
+    }
     return Raw(core::Fd(::accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC)));
   };
   auto connected = std::async(std::launch::async, [&] {
@@ -412,7 +419,7 @@ TEST(Hostile, AServerStillJoiningOurStreamsCannotHoldADeregistration) {
   Raw second = accept_one();  // never answered
   ASSERT_TRUE(second.read(h, body).ok());
   ASSERT_EQ(h.type, core::FrameType::kJoin);
-  stall_mid_write(*first, region.descriptor());
+  ASSERT_NO_FATAL_FAILURE(stall_mid_write(*first, region.descriptor()));
   auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
   bool returned = deregistered.wait_for(kWait) == std::future_status::ready;
   EXPECT_TRUE(returned) << "a stalled write from a server still joining held the deregistration";

@@ -90,9 +90,9 @@ TEST(CopyPool, CallersFromManyThreadsShareItAndAFailedPartFailsItsCall) {
 }
 
 // Starts one helper, then fails as std::thread does when the system has no threads left.
+std::atomic<int> starts{0};
 std::thread start_one_then_fail(std::function<void()> body) {
-  static std::atomic<int> started{0};
-  if (started.fetch_add(1) > 0) throw std::system_error(EAGAIN, std::generic_category(), "thread");
+  if (starts.fetch_add(1) > 0) throw std::system_error(EAGAIN, std::generic_category(), "thread");
   return std::thread(std::move(body));
 }
 
@@ -105,6 +105,7 @@ TEST(CopyPool, HelpersThatCannotStartLeaveTheirPartsToTheCaller) {
   for (std::size_t i = 0; i < from.size(); ++i) from[i] = static_cast<uint8_t>(i * 31 + i / 8191);
   Pieces p(from, to);
   for (CopyPool::StartThread start : {&start_one_then_fail, &never_start}) {
+    starts = 0;
     CopyPool pool(4, start);
     for (int round = 0; round < 3; ++round) {
       std::memset(to.data(), 0, to.size());

@@ -52,8 +52,8 @@ class CopyPool {
   CopyPool(const CopyPool&) = delete;
   CopyPool& operator=(const CopyPool&) = delete;
 
-  // pull_once, split into up to helpers + 1 parts of at least kMinPartBytes. Any thread; the
-  // first failure is returned (a failed part's bytes are not all there).
+  // pull_once, split into up to (helpers that started) + 1 parts of at least kMinPartBytes. Any
+  // thread; the first failure is returned (a failed part's bytes are not all there).
   Status pull(pid_t pid, const iovec* local, const iovec* remote, std::size_t n, uint64_t total);
   // memcpy of `n` bytes within this process (a mapped region), split the same way.
   void copy(void* dst, const void* src, std::size_t n);

@@ -155,7 +155,11 @@ void TcpChannel::close(const Status& reason) {
 void TcpChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
   if (closing_.load()) return;
   auto self = shared_from_this();
+  // Under close_mu_, as attach_side() attaches a stream and sets its loop: a peer still joining
+  // has streams not attached yet, which hold nothing.
+  std::lock_guard lock(close_mu_);
   for (auto& s : streams_) {
+    if (!s->attached) continue;
     host_.reactor().post(s->loop, [self, s, base, length, why] {
       if (s->touches(base, length)) self->close(why);
     });
