@@ -144,6 +144,7 @@ void OpState::reset_for_reuse() {
   lane_count = 0;
   first_lane = 0;
   pending.store(0, std::memory_order_relaxed);
+  on_wire.store(0, std::memory_order_relaxed);
   bytes.store(0, std::memory_order_relaxed);
   if (has_error) {
     has_error = false;

@@ -156,6 +156,9 @@ struct OpState {
   // Progress.
   std::atomic<uint8_t> stage{kIdle};
   std::atomic<int64_t> pending{0};  // slices (or messages) not yet completed
+  // Slices a channel has sent and not yet seen answered (shm): an answer for more is a peer's
+  // lie, which must not complete an op whose later records are still queued here.
+  std::atomic<int64_t> on_wire{0};
   std::atomic<uint64_t> bytes{0};
 
   // Completion. complete() takes `mu` only when `watchers` says a callback, a sleeper or a

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
@@ -131,11 +132,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     case 13: {
       // A record as it came off the socket: what parses must lie inside it, entries included.
       ferry::transport::shm::View v;
-      if (ferry::transport::shm::parse(body, v).ok()) {
+      bool parsed = ferry::transport::shm::parse(body, v).ok();
+      if (parsed) {
         if (v.table.size() + v.payload.size() + ferry::transport::shm::kHeaderBytes != body.size())
           __builtin_trap();
         for (std::size_t i = 0; i < v.table.size() / ferry::transport::shm::kEntryBytes; ++i)
           (void)v.entry(i);
+      }
+      // The same record as it lies in a ring: the same verdict and table, the payload in place.
+      static std::vector<uint8_t> copy(ferry::transport::shm::kMaxRecordBytes);
+      ferry::transport::shm::View w;
+      if (body.size() <= copy.size()) {
+        bool in_place = ferry::transport::shm::parse_in_place(body, copy, w).ok();
+        if (in_place != parsed) __builtin_trap();
+        if (in_place && (w.payload.data() != body.data() + (body.size() - w.payload.size()) ||
+                         w.payload.size() != v.payload.size() || w.table.size() != v.table.size() ||
+                         !std::equal(w.table.begin(), w.table.end(), v.table.begin())))
+          __builtin_trap();
       }
       break;
     }

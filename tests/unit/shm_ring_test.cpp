@@ -84,6 +84,28 @@ TEST(ShmRing, AFullRingRefusesWholeRecordsAndTheConsumerIsAskedForRoomOnce) {
   EXPECT_EQ(n, 0u);
 }
 
+// A record read in place (peek) keeps its room until it is released: the producer cannot
+// overwrite the bytes being copied out of it.
+TEST(ShmRing, APeekedRecordKeepsItsRoomUntilReleased) {
+  Pair p;
+  std::vector<uint8_t> record(kMaxRecordBytes);
+  for (std::size_t i = 0; i < record.size(); ++i) record[i] = pattern(1, i);
+  while (p.producer.write(record)) {
+  }
+  const uint8_t* at = nullptr;
+  std::size_t n = 0;
+  ASSERT_TRUE(p.consumer.peek(kMaxRecordBytes, at, n).ok());
+  ASSERT_EQ(n, record.size());
+  EXPECT_EQ(0, std::memcmp(at, record.data(), n));
+  EXPECT_FALSE(p.producer.write(record)) << "the shown record's room was given back";
+  p.consumer.release();
+  EXPECT_TRUE(p.producer.write(record));
+  // Larger than the caller takes: a protocol error, nothing shown.
+  Status s = p.consumer.peek(kMaxRecordBytes - 1, at, n);
+  EXPECT_EQ(s.code(), ErrorCode::kProtocol) << s.to_string();
+  EXPECT_EQ(n, 0u);
+}
+
 TEST(ShmRing, TheBellRingsOncePerWakeAndNotWhileAThreadPolls) {
   Pair p;
   const uint8_t byte = 1;

@@ -426,6 +426,7 @@ PostResult ShmChannel::post(OpState* op) {
 
 Status ShmChannel::enqueue_locked(OpState* op) {
   op->lane_next[0] = nullptr;
+  op->on_wire.store(0, std::memory_order_relaxed);  // a prepared op's earlier post may have failed
   if (queue_tail_ != nullptr) {
     queue_tail_->lane_next[0] = op;
   } else {
@@ -484,7 +485,16 @@ Status ShmChannel::pump_locked() {
         --credits_;
       }
       send_locked({out_.data(), out_length_}, full, out_payload_);
-      if (full) break;
+      if (full) {
+        // It waits for room: its bytes move into out_, so that the record no longer refers to
+        // the caller's memory, which a lying answer could have the caller free meanwhile.
+        if (!out_payload_.empty()) {
+          std::memcpy(out_.data() + out_length_, out_payload_.data(), out_payload_.size());
+          out_length_ += out_payload_.size();
+          out_payload_ = {};
+        }
+        break;
+      }
       request_pending_ = false;
     }
     ++written_;
@@ -607,6 +617,9 @@ void ShmChannel::encode_request_locked(OpState* op) {
     }
   }
   put_header(h, out_.data());
+  // Counted from now on: the peer may answer the record as soon as it is in the ring.
+  op->on_wire.fetch_add(h.type == Record::kRead && (h.flags & kFlagInline) == 0 ? h.imm : h.count,
+                        std::memory_order_relaxed);
   out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload - out_payload_.size();
   if (last) {
     queue_head_ = op->lane_next[0];
@@ -744,17 +757,20 @@ Status ShmChannel::consume(bool budget, bool& more) {
       more = inbound_.pending();
       break;
     }
+    // Inline bytes are copied into place from the ring, the rest from our copy in in_.
+    const uint8_t* at = nullptr;
     std::size_t length = 0;
-    if (s = inbound_.read(in_, length); !s.ok() || length == 0) break;
+    if (s = inbound_.peek(in_.size(), at, length); !s.ok() || length == 0) break;
     View v;
-    if (s = parse({in_.data(), length}, v); !s.ok()) break;
-    if (v.header.type == Record::kMap) {
+    s = parse_in_place({at, length}, in_, v);
+    if (s.ok() && v.header.type == Record::kMap) {
       core::Fd file;
       s = receive_file(v.entry(0).region, file);
       if (s.ok()) s = on_map(v, std::move(file));
-    } else {
+    } else if (s.ok()) {
       s = handle(v, pulled);
     }
+    inbound_.release();
     if (!s.ok()) break;
   }
   if (inbound_.room_wanted()) {
@@ -1145,7 +1161,7 @@ OpState* ShmChannel::answered_op(const View& r, Status& error) const {
     return nullptr;
   }
   int64_t count = answered_slices(r.header);
-  if (count < 1 || count > op->pending.load()) {
+  if (count < 1 || count > op->on_wire.load()) {
     error = {ErrorCode::kProtocol, "shm: an answer for " + std::to_string(count) +
                                        " slices of op " + std::to_string(r.header.op_id)};
     return nullptr;
@@ -1217,7 +1233,9 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
     std::lock_guard lock(send_mu_);
     if (Status s = take_credit_back_locked(); !s.ok()) return s;
   }
-  if (op->finish_slices(answered_slices(h))) op->finish_posted();
+  int64_t answered = answered_slices(h);
+  op->on_wire.fetch_sub(answered, std::memory_order_relaxed);
+  if (op->finish_slices(answered)) op->finish_posted();
   std::lock_guard lock(send_mu_);
   return pump_locked();
 }

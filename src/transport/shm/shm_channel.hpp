@@ -161,7 +161,7 @@ class ShmChannel final : public Channel,
   void send_locked(std::span<const uint8_t> a, bool& full, std::span<const uint8_t> b = {});
   // Sends a lent region's file over the socket, ahead of its kMap record.
   Status send_file_locked(uint32_t region, int file, bool& full);
-  // Encodes the queue head's next request into out_.
+  // Encodes the queue head's next request into out_ (and out_payload_).
   void encode_request_locked(OpState* op);
   void arm_locked(bool out);
   uint32_t socket_events_locked() const;
@@ -269,14 +269,16 @@ class ShmChannel final : public Channel,
   Ring outbound_;          // the peer's ring (the dialer's: once the listener's hello came)
   core::Fd peer_bell_;
   uint64_t written_ = 0;          // records written into outbound_
-  bool request_pending_ = false;  // out_ holds a request the socket did not take yet
+  bool request_pending_ = false;  // out_ holds a request the ring did not take yet
   int credits_ = kRequestsInFlight;
   OpState* queue_head_ = nullptr;
   OpState* queue_tail_ = nullptr;
-  std::vector<uint8_t> out_;  // kMaxRecordBytes; the request being sent is its first out_length_
+  // kMaxRecordBytes; the request being sent is its first out_length_, then out_payload_.
+  std::vector<uint8_t> out_;
   std::size_t out_length_ = 0;
   // The request's inline bytes where they are one slice: they go from the caller's memory
-  // straight into the ring, not through out_ (one copy less for every mid-size write).
+  // straight into the ring, not through out_ (one copy less for every mid-size write), unless
+  // the ring has no room for them at once.
   std::span<const uint8_t> out_payload_;
   std::vector<std::vector<uint8_t>> answers_;  // a ring of queued answers
   std::size_t answer_head_ = 0, answer_count_ = 0;
@@ -293,7 +295,7 @@ class ShmChannel final : public Channel,
   std::size_t control_head_ = 0, control_count_ = 0;
 
   // Receive side (the polling right's holder).
-  std::vector<uint8_t> in_;
+  std::vector<uint8_t> in_;  // kMaxRecordBytes: the header and table of the record handled
   std::vector<iovec> local_iov_, remote_iov_;
   std::vector<RegionUse> uses_;
   std::vector<uint8_t> scratch_;  // an inline answer's table and bytes

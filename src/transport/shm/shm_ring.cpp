@@ -90,6 +90,7 @@ Ring& Ring::operator=(Ring&& other) noexcept {
     file_ = std::move(other.file_);
     position_ = other.position_;
     seen_ = other.seen_;
+    shown_ = other.shown_;
   }
   return *this;
 }
@@ -178,7 +179,7 @@ bool Ring::wake_needed() {
   return shared(control_->pollers).load() == 0 && shared(control_->bell).exchange(1) == 0;
 }
 
-Status Ring::read(std::span<uint8_t> out, std::size_t& length) {
+Status Ring::peek(std::size_t max_length, const uint8_t*& at, std::size_t& length) {
   length = 0;
   for (;;) {
     if (position_ == seen_) {
@@ -198,24 +199,38 @@ Status Ring::read(std::span<uint8_t> out, std::size_t& length) {
     const uint64_t step =
         p.flags == kPad ? kRingBytes - offset : aligned(sizeof(Prefix) + uint64_t{p.length});
     if ((p.flags != 0 && p.flags != kPad) || step > available || offset + step > kRingBytes ||
-        (p.flags == 0 && p.length > out.size())) {
+        (p.flags == 0 && p.length > max_length)) {
       return {ErrorCode::kProtocol, "shm ring: a record of " + std::to_string(p.length) +
                                         " bytes (flags " + std::to_string(p.flags) + ") at " +
                                         std::to_string(position_) + " does not fit"};
     }
     acquired(order_key_);
-    if (p.flags == 0) std::memcpy(out.data(), records_ + offset + sizeof p, p.length);
-    position_ += step;
-    // Sequentially consistent with the producer's look at want_room after its own.
-    shared(control_->head).store(position_);
+    if (p.flags == 0 && p.length == 0) {
+      return {ErrorCode::kProtocol, "shm ring: an empty record at " + std::to_string(position_)};
+    }
+    shown_ = step;
     if (p.flags == 0) {
+      at = records_ + offset + sizeof p;
       length = p.length;
-      if (length == 0) {
-        return {ErrorCode::kProtocol, "shm ring: an empty record at " + std::to_string(position_)};
-      }
       return {};
     }
+    release();  // padding
   }
+}
+
+void Ring::release() {
+  position_ += shown_;
+  shown_ = 0;
+  // Sequentially consistent with the producer's look at want_room after its own.
+  shared(control_->head).store(position_);
+}
+
+Status Ring::read(std::span<uint8_t> out, std::size_t& length) {
+  const uint8_t* at = nullptr;
+  if (Status s = peek(out.size(), at, length); !s.ok() || length == 0) return s;
+  std::memcpy(out.data(), at, length);
+  release();
+  return {};
 }
 
 void Ring::woken() { shared(control_->bell).store(0); }

@@ -57,6 +57,12 @@ class Ring {
   bool wake_needed();
 
   // ---- consumer (one thread at a time) ----
+  // Shows the next record, of at most `max_length` bytes, where it lies in the ring; `length`
+  // 0 when none waits. Its room stays taken until release(), and the producer can still write
+  // there (the peer may be hostile): what is interpreted must be copied out first
+  // (parse_in_place). One record at a time.
+  Status peek(std::size_t max_length, const uint8_t*& at, std::size_t& length);
+  void release();
   // Copies the next record into `out` and frees its room; `length` 0 when none waits.
   Status read(std::span<uint8_t> out, std::size_t& length);
   // The consumer was woken: the next record published rings the bell again. Call before
@@ -81,6 +87,7 @@ class Ring {
   core::Fd file_;
   uint64_t position_ = 0;  // producer: where the next record goes; consumer: the next to read
   uint64_t seen_ = 0;      // producer: the consumer's position last read; consumer: the producer's
+  uint64_t shown_ = 0;     // consumer: the ring bytes of the record peek() shows
   void* order_key_ = nullptr;  // ThreadSanitizer builds: the ring's, shared by both ends
 };
 

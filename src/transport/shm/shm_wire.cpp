@@ -1,5 +1,6 @@
 #include "transport/shm/shm_wire.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -109,16 +110,12 @@ Entry View::entry(std::size_t i) const {
   return e;
 }
 
-Status parse(std::span<const uint8_t> record, View& out) {
-  if (record.size() < kHeaderBytes) return malformed(std::to_string(record.size()) + " bytes");
-  const uint8_t* p = record.data();
+namespace {
+// put_header's fields back, unchecked (kHeaderBytes at `in`).
+Header get_header(const uint8_t* in) {
+  const uint8_t* p = in;
   Header h;
-  uint8_t type = load<uint8_t>(p);
-  if (type < static_cast<uint8_t>(Record::kHello) ||
-      type > static_cast<uint8_t>(Record::kUnmapped)) {
-    return malformed("type " + std::to_string(type));
-  }
-  h.type = static_cast<Record>(type);
+  h.type = static_cast<Record>(load<uint8_t>(p));
   h.flags = load<uint8_t>(p);
   h.status = load<uint16_t>(p);
   h.count = load<uint32_t>(p);
@@ -126,6 +123,18 @@ Status parse(std::span<const uint8_t> record, View& out) {
   h.tag = load<uint64_t>(p);
   h.imm = load<uint32_t>(p);
   h.payload = load<uint32_t>(p);
+  return h;
+}
+}  // namespace
+
+Status parse(std::span<const uint8_t> record, View& out) {
+  if (record.size() < kHeaderBytes) return malformed(std::to_string(record.size()) + " bytes");
+  const Header h = get_header(record.data());
+  const auto type = static_cast<uint8_t>(h.type);
+  if (type < static_cast<uint8_t>(Record::kHello) ||
+      type > static_cast<uint8_t>(Record::kUnmapped)) {
+    return malformed("type " + std::to_string(type));
+  }
   if ((h.flags & ~(kFlagInline | kFlagImm | kFlagWritable)) != 0 ||
       ((h.flags & kFlagWritable) != 0 && h.type != Record::kMap)) {
     return malformed("flags " + std::to_string(h.flags));
@@ -148,6 +157,22 @@ Status parse(std::span<const uint8_t> record, View& out) {
   out.header = h;
   out.table = record.subspan(kHeaderBytes, table);
   out.payload = record.subspan(kHeaderBytes + table);
+  return {};
+}
+
+Status parse_in_place(std::span<const uint8_t> record, std::span<uint8_t> copy, View& out) {
+  if (record.size() > copy.size()) return malformed(std::to_string(record.size()) + " bytes");
+  // The header, then as much table as it says (parse checks the rest): read from the copy
+  // only, as the peer may change the ring meanwhile.
+  std::size_t head = std::min(record.size(), kHeaderBytes);
+  std::memcpy(copy.data(), record.data(), head);
+  if (head == kHeaderBytes) {
+    uint64_t entries = std::min<uint32_t>(get_header(copy.data()).count, kMaxEntries);
+    head = std::min<std::size_t>(record.size(), kHeaderBytes + entries * kEntryBytes);
+    std::memcpy(copy.data() + kHeaderBytes, record.data() + kHeaderBytes, head - kHeaderBytes);
+  }
+  if (Status s = parse({copy.data(), record.size()}, out); !s.ok()) return s;
+  out.payload = record.last(out.payload.size());
   return {};
 }
 

@@ -109,5 +109,9 @@ struct View {
   Entry entry(std::size_t i) const;
 };
 Status parse(std::span<const uint8_t> record, View& out);
+// The same for a record that lies in memory the peer can still write (a ring): its header and
+// table are copied into `copy` (kMaxRecordBytes) and checked and read there; the payload, only
+// ever copied, stays where it lies.
+Status parse_in_place(std::span<const uint8_t> record, std::span<uint8_t> copy, View& out);
 
 }  // namespace ferry::transport::shm
