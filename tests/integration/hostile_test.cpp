@@ -128,7 +128,9 @@ TEST(Hostile, HalfAuthenticatedConnectionsDelayNoOne) {
   Config client = test_config();
   client.secret = "s3cret";
   expect_legitimate_peer_served(server, client);
-  EXPECT_EQ(server.stats().peers, 0u) << "no half-authenticated client was admitted";
+  // The legitimate peer leaves as its engine goes; the server learns it a moment later.
+  EXPECT_TRUE(eventually([&] { return server.stats().peers == 0; }));
+  EXPECT_LE(server.stats().peers_admitted, 1u) << "a half-authenticated client was admitted";
 }
 
 TEST(Hostile, HandshakesPerSourceAreCapped) {
