@@ -58,13 +58,15 @@ TEST_P(Conformance, StripesOverMoreThanSixteenLanes) {
   for (uint32_t round = 0; round < 3; ++round) {
     fill_pattern(local.bytes, 10 + round);
     Transfer t{&local.region, 0, &d, 0, kSize};
-    ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, round).wait(kWait).ok());
+    Status written = p.peer.write_with_imm({&t, 1}, round).wait(kWait);
+    ASSERT_TRUE(written.ok()) << written.to_string();
     std::optional<ImmEvent> imm = p.target.next_imm(kWait);
     ASSERT_TRUE(imm.has_value());
     EXPECT_EQ(imm->imm, round);
     ASSERT_EQ(local.bytes, remote.bytes);
     fill_pattern(remote.bytes, 20 + round);
-    ASSERT_TRUE(p.peer.read({&t, 1}).wait(kWait).ok());
+    Status read = p.peer.read({&t, 1}).wait(kWait);
+    ASSERT_TRUE(read.ok()) << read.to_string();
     ASSERT_EQ(local.bytes, remote.bytes);
   }
 }
