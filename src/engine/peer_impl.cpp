@@ -308,8 +308,8 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
     if (why != Refusal::kNone) [[unlikely]] {
       return refuse(op, i, t, why, order);
     }
+    total += t.length;
   }
-  for (const Transfer& t : batch) total += t.length;
   // Cut for the channel the batch goes on (a reroute may have changed it).
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
   const transport::Channel::BounceWrites& bounce = via.bounce_writes;
