@@ -56,7 +56,9 @@ class Guest:
                "-smp", "1", "-m", "1024M", "-display", "none", "-no-reboot",
                "-serial", "stdio", "-monitor", "unix:%s,server=on,wait=off" % self.monitor_path,
                "-netdev", netdev + ",id=wire",
-               "-device", "virtio-net-pci,netdev=wire,mac=%s,host_mtu=9000" % mac,
+               # event_idx=off: with it, qemu 7.2's virtio-net can stop receiving for good
+               # (tests/rdma/README.md, "Pitfalls"); CI once lost the unix wire that way.
+               "-device", "virtio-net-pci,netdev=wire,mac=%s,host_mtu=9000,event_idx=off" % mac,
                "-kernel", vmlinuz, "-initrd", initrd,
                "-append", "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable "
                           "rdma_guest.agent=1 rdma_guest.netdev=eth0 rdma_guest.ip=" + ip]
@@ -254,7 +256,7 @@ class Run:
                                     timeout=120)
                 b.command("wait", "srv", 30, timeout=30)
                 if rc != 0:
-                    self.failures.append("bench %s: rc=%d" % (pname, rc))
+                    self.failures.append("bench %s: rc=%d: %s" % (pname, rc, out[-3:]))
                 lines += out
                 b.command("start", "fsrv", "-", "ferry bench --listen 10.99.0.2:7000 --once")
                 b.command("listen", "fsrv", 30, "7000", timeout=30)
@@ -264,7 +266,7 @@ class Run:
                 rc, out = a.command("run", "%s_r%d" % (fname, r), 180, cmd, timeout=180)
                 b.command("wait", "fsrv", 30, timeout=30)
                 if rc != 0:
-                    self.failures.append("bench %s: rc=%d" % (fname, rc))
+                    self.failures.append("bench %s: rc=%d: %s" % (fname, rc, out[-3:]))
                 lines += out
         path = os.path.join(self.args.out, "two-guest-bench.log")
         with open(path, "w") as f:

@@ -156,12 +156,7 @@ struct Track {
   std::string first_error;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o = parse(argc, argv);
-  for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) ::signal(sig, on_crash);
-  watch_main_loop(10000);
+int probe(const Options& o) {
   // Before the engine: completion callbacks may run until it is shut down.
   std::mutex mu;
   std::condition_variable cv;
@@ -298,4 +293,20 @@ int main(int argc, char** argv) {
   bool ok = all_failed_at != Clock::time_point{} && healthy.failed == 0 && healthy_after > 0;
   std::cout << "PROBE DONE " << (ok ? "ok" : "FAILED") << std::endl;
   return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) ::signal(sig, on_crash);
+  watch_main_loop(10000);
+  // A failed connect or registration is a finding the host script reports, not a crash.
+  try {
+    return probe(o);
+  } catch (const std::exception& e) {
+    heartbeat_ms = 0;
+    std::cout << "PROBE ERROR " << e.what() << std::endl;
+    return 1;
+  }
 }
