@@ -13,12 +13,14 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/crypto.hpp"
 #include "support/pair.hpp"
 #include "support/raw_client.hpp"
+#include "support/raw_shm_peer.hpp"
 #include "transport/tcp/tcp_frame.hpp"
 
 namespace ferry::test {
@@ -611,6 +613,116 @@ TEST(Hostile, AcceptOutOfDescriptorsBacksOffInsteadOfSpinning) {
   // Backing off (10 ms doubling to 1 s) tries a handful of times a second; spinning would try
   // hundreds of thousands.
   EXPECT_LE(failures, 200u);
+  expect_legitimate_peer_served(server);
+}
+
+namespace shm = transport::shm;
+
+Config same_host_server_config() {
+  Config c = test_config();
+  c.transports = {TransportKind::kShm, TransportKind::kTcp};
+  return c;
+}
+
+// One record of message `op` (tag 5) of `length` bytes: `bytes` of it from `offset`.
+void message_record(RawShmPeer& raw, uint64_t op, uint64_t length, uint64_t offset, bool more,
+                    std::size_t bytes = shm::kInlineBytes) {
+  static const std::vector<uint8_t> filler(shm::kInlineBytes, 0x5a);
+  shm::Header h;
+  h.type = shm::Record::kSend;
+  h.flags = shm::kFlagInline | (more ? shm::kFlagMore : 0);
+  h.op_id = op;
+  h.tag = 5;
+  shm::Entry e;
+  e.length = length;
+  e.entry_offset = offset;
+  raw.write(h, &e, {filler.data(), bytes});
+}
+
+// A same-host peer's message in several records, with a record out of place: each such lie
+// closes the channel, so the receive it was filling (or waiting in) fails instead of waiting
+// for bytes that will never come, and the engine goes on serving others.
+TEST(Hostile, ASameHostPeersMessageRecordsOutOfPlaceCloseItsChannel) {
+  Engine server(same_host_server_config());
+  constexpr uint64_t kLength = 4 * shm::kInlineBytes, kSlice = shm::kInlineBytes;
+  struct Forgery {
+    const char* what;
+    std::function<void(RawShmPeer&)> records;
+  };
+  const std::vector<Forgery> forgeries = {
+      {"a gap",
+       [&](RawShmPeer& raw) {
+         message_record(raw, 7, kLength, 0, true);
+         message_record(raw, 7, kLength, 2 * kSlice, true);
+       }},
+      {"a second message begun before the first ended",
+       [&](RawShmPeer& raw) {
+         message_record(raw, 7, kLength, 0, true);
+         message_record(raw, 8, kLength, 0, true);
+       }},
+      {"a later record of a message never begun",
+       [&](RawShmPeer& raw) { message_record(raw, 7, kLength, kSlice, true); }},
+      {"another length in a later record",
+       [&](RawShmPeer& raw) {
+         message_record(raw, 7, kLength, 0, true);
+         message_record(raw, 7, 2 * kLength, kSlice, true);
+       }},
+      {"a last record short of the length",
+       [&](RawShmPeer& raw) {
+         message_record(raw, 7, kLength, 0, true);
+         message_record(raw, 7, kLength, kSlice, false);
+       }},
+      {"a record of more bytes than are left",
+       [&](RawShmPeer& raw) {
+         message_record(raw, 7, kSlice + 10, 0, true);
+         message_record(raw, 7, kSlice + 10, kSlice, false, 20);
+       }},
+  };
+  uint64_t id = 100;
+  for (const Forgery& f : forgeries) {
+    SCOPED_TRACE(f.what);
+    RawShmPeer raw;
+    ASSERT_NO_FATAL_FAILURE(raw.start(server, id++));
+    std::optional<Peer> peer = server.accept(kWait);
+    ASSERT_TRUE(peer.has_value());
+    ASSERT_EQ(peer->transport(), TransportKind::kShm);
+    Buffer dst(server, kLength, Access::kLocal, 3);
+    Future recv = peer->recv(5, dst.region, 0, kLength);
+    f.records(raw);
+    Status s = recv.wait(kWait);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.code(), ErrorCode::kTimeout) << s.to_string();
+    std::printf("[ figure ] %s: %s\n", f.what, s.to_string().c_str());
+  }
+  expect_legitimate_peer_served(server);
+}
+
+// A same-host peer that answers a message before its last record was sent: refused, so the
+// send fails instead of completing while its records still wait to be copied from the caller's
+// buffer, which the caller may reuse once the send completed.
+TEST(Hostile, ASameHostPeerCannotAnswerAMessageBeforeItsLastRecord) {
+  Engine server(same_host_server_config());
+  RawShmPeer raw;
+  ASSERT_NO_FATAL_FAILURE(raw.start(server, 120));
+  std::optional<Peer> peer = server.accept(kWait);
+  ASSERT_TRUE(peer.has_value());
+  Buffer src(server, 1 << 20, Access::kLocal, 9);
+  Future sent = peer->send(5, src.region, 0, 1 << 20);
+  // We read its first record only: the rest wait for room in our ring.
+  std::vector<uint8_t> buffer;
+  shm::View first;
+  ASSERT_TRUE(raw.next(buffer, first));
+  ASSERT_EQ(first.header.type, shm::Record::kSend);
+  ASSERT_NE(first.header.flags & shm::kFlagMore, 0) << "1 MiB travels in several records";
+  shm::Header ack;
+  ack.type = shm::Record::kSendAck;
+  ack.op_id = first.header.op_id;
+  ack.count = 1;
+  raw.write(ack, nullptr);
+  Status s = sent.wait(kWait);
+  EXPECT_FALSE(s.ok()) << "the send completed on an answer for records it had not sent";
+  EXPECT_NE(s.code(), ErrorCode::kTimeout) << s.to_string();
+  std::printf("[ figure ] an early answer: %s\n", s.to_string().c_str());
   expect_legitimate_peer_served(server);
 }
 

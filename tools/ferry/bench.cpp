@@ -208,7 +208,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.streams) c.tcp.streams = *o.streams;
   if (o.qps) c.verbs.qps = *o.qps;
   if (o.cross_memory) c.shm.cross_memory = *o.cross_memory;
-  if (o.ring_writes) c.shm.ring_writes_up_to = *o.ring_writes;
+  if (o.ring_copies) c.shm.ring_copies_up_to = *o.ring_copies;
   if (o.metrics) c.metrics = *o.metrics;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
@@ -888,7 +888,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--slice", o.slice_bytes);
   pass("--stripe", o.stripe_bytes);
   pass("--eager", o.eager_bytes);
-  pass("--ring-writes", o.ring_writes);
+  pass("--ring-copies", o.ring_copies);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);
   std::vector<char*> argv;

@@ -259,11 +259,11 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "TCP messages above this size wait for the receiver's receive (rendezvous)")
       ->type_name("SIZE")
       ->default_str(human_size(engine.tcp.eager_bytes));
-  add(b, "--ring-writes", o.ring_writes, bytes(0, kNoMax),
-      "Same-host writes of 256K up to this size travel through the shared-memory rings instead "
-      "of one process_vm_readv (0: none)")
+  add(b, "--ring-copies", o.ring_copies, bytes(0, kNoMax),
+      "Same-host writes and messages of 256K up to this size travel through the shared-memory "
+      "rings instead of one process_vm_readv (0: none)")
       ->type_name("SIZE")
-      ->default_str(human_size(engine.shm.ring_writes_up_to));
+      ->default_str(human_size(engine.shm.ring_copies_up_to));
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

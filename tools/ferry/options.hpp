@@ -43,7 +43,7 @@ struct BenchOptions {
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;
-  std::optional<uint64_t> ring_writes;  // ShmConfig::ring_writes_up_to
+  std::optional<uint64_t> ring_copies;  // ShmConfig::ring_copies_up_to
   int threads = 1;
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;

@@ -14,6 +14,7 @@
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
+#include "transport/shm/shm_socket.hpp"
 
 namespace ferry::transport::shm {
 
@@ -25,102 +26,6 @@ thread_local const ShmChannel* polling_channel = nullptr;
 // Connections the listener's socket queues: the dialer's, plus room for strangers who read the
 // name in /proc/net/unix and connected first (refused by their pid, never served).
 constexpr int kBacklog = 4;
-constexpr std::size_t kHelloBytes = sizeof(Nonce) + 1;
-// Descriptors a socket message's control buffer holds: one or two belong (a lent region's
-// file; a ring and its bell); room for a few more so that the kernel hands extra ones over (to
-// be closed) rather than drop them silently with MSG_CTRUNC.
-constexpr std::size_t kControlSpaceFds = 4;
-using Files = std::array<core::Fd, kControlSpaceFds>;
-
-// Sends `bytes` with `files` attached (SCM_RIGHTS); `full` when the socket has no room.
-Status send_with_files(int fd, std::span<const uint8_t> bytes, std::span<const int> files,
-                       bool& full) {
-  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
-  if (!files.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(files.size() * sizeof(int));
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(files.size() * sizeof(int));
-    std::memcpy(CMSG_DATA(c), files.data(), files.size() * sizeof(int));
-  }
-  full = false;
-  ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n == static_cast<ssize_t>(bytes.size())) return {};
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-    full = true;
-    return {};
-  }
-  if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-    return {ErrorCode::kPeerLost, "shm: the peer closed its socket"};
-  }
-  return core::sys_status("sendmsg (shm socket)");
-}
-
-// Receives one message into `into` (`length` its size, 0 when none waits) and the files it
-// carries, every one owned before anything is checked so that none leaks.
-Status receive_with_files(int fd, std::span<uint8_t> into, std::size_t& length, Files& files,
-                          std::size_t& file_count) {
-  iovec iov{into.data(), into.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(kControlSpaceFds * sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-  length = 0;
-  file_count = 0;
-  bool stray_control = false;
-  for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&msg) : nullptr; c != nullptr;
-       c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
-      stray_control = true;
-      continue;
-    }
-    std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < count; ++i) {
-      int received = -1;
-      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
-      if (file_count < files.size()) {
-        files[file_count++] = core::Fd(received);
-      } else {
-        ::close(received);
-      }
-    }
-  }
-  if (n == 0) return {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
-  if (n < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
-    if (errno == ECONNRESET) return {ErrorCode::kPeerLost, "shm: the peer reset the connection"};
-    return core::sys_status("recvmsg (shm socket)");
-  }
-  if (stray_control || (msg.msg_flags & MSG_CTRUNC) || static_cast<std::size_t>(n) > into.size()) {
-    return {ErrorCode::kProtocol, "shm socket: a message of " + std::to_string(n) +
-                                      " bytes or control data that does not belong"};
-  }
-  length = static_cast<std::size_t>(n);
-  return {};
-}
-
-socklen_t abstract_address(const Nonce& name, sockaddr_un& out) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::memset(&out, 0, sizeof out);
-  out.sun_family = AF_UNIX;
-  std::string path = "ferry-shm-";
-  for (uint8_t b : name) {
-    path += kHex[b >> 4];
-    path += kHex[b & 15];
-  }
-  std::memcpy(out.sun_path + 1, path.data(), path.size());  // sun_path[0] = 0: abstract
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + path.size());
-}
-
 // An address in the peer's process, for process_vm_readv's remote iovec: never dereferenced
 // here (the kernel reads it in the peer's address space).
 void* peer_address(uint64_t address) {
@@ -164,7 +69,7 @@ bool cross_memory_allowed(std::string& why) {
 }
 
 ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory, uint64_t ring_writes_up_to)
+                       std::string no_cross_memory, uint64_t ring_copies_up_to)
     : host_(args.host),
       pool_(std::move(pool)),
       link_(std::move(args.link)),
@@ -172,17 +77,17 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
-      ring_writes_up_to_(ring_writes_up_to),
+      ring_copies_up_to_(ring_copies_up_to),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
 
 ShmChannel::~ShmChannel() { unmap_all(); }
 
 Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                          std::string no_cross_memory, uint64_t ring_writes_up_to,
+                          std::string no_cross_memory, uint64_t ring_copies_up_to,
                           std::shared_ptr<ShmChannel>& out) {
   std::shared_ptr<ShmChannel> channel(new ShmChannel(
-      std::move(args), std::move(pool), std::move(no_cross_memory), ring_writes_up_to));
+      std::move(args), std::move(pool), std::move(no_cross_memory), ring_copies_up_to));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -374,7 +279,11 @@ uint64_t ShmChannel::max_slice_bytes() const {
 }
 
 ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
-  return {kRingWritesFrom, ring_writes_up_to_, kInlineBytes};
+  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes};
+}
+
+bool ShmChannel::copies_through_rings(uint64_t length) const {
+  return length >= kRingCopiesFrom && length <= ring_copies_up_to_;
 }
 
 Status ShmChannel::start() {
@@ -479,10 +388,14 @@ Status ShmChannel::pump_locked() {
       late_answers_.pop_front();
     } else {
       if (!request_pending_) {
-        if (queue_head_ == nullptr || credits_ == 0) break;
+        if (queue_head_ == nullptr) break;
+        // A message's later records ride on the credit its first took: one answer for all.
+        const bool continues =
+            queue_head_->kind == OpKind::kSend && queue_head_->lanes[0].offset > 0;
+        if (!continues && credits_ == 0) break;
         encode_request_locked(queue_head_);
         request_pending_ = true;
-        --credits_;
+        if (!continues) --credits_;
       }
       send_locked({out_.data(), out_length_}, full, out_payload_);
       if (full) {
@@ -530,12 +443,21 @@ void ShmChannel::encode_request_locked(OpState* op) {
     Entry x;
     x.length = e.length;
     x.address = reinterpret_cast<uint64_t>(e.local);
-    put_entry(x, table);
-    if (e.length <= kInlineBytes) {
+    if (e.length <= kInlineBytes || copies_through_rings(e.length)) {
+      // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
+      LaneCursor& c = op->lanes[0];
+      uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);
+      x.entry_offset = c.offset;
       h.flags = kFlagInline;
-      h.payload = static_cast<uint32_t>(e.length);
-      out_payload_ = {e.local, e.length};
+      h.payload = static_cast<uint32_t>(n);
+      out_payload_ = {e.local + c.offset, n};
+      c.offset += n;
+      if (c.offset < e.length) {
+        h.flags |= kFlagMore;
+        last = false;
+      }
     }
+    put_entry(x, table);
   } else if (op->lanes[0].remaining == 0) {
     // A write_with_imm whose bytes post_mapped copied: only its notification is left.
     h.type = Record::kImm;
@@ -617,9 +539,12 @@ void ShmChannel::encode_request_locked(OpState* op) {
     }
   }
   put_header(h, out_.data());
-  // Counted from now on: the peer may answer the record as soon as it is in the ring.
-  op->on_wire.fetch_add(h.type == Record::kRead && (h.flags & kFlagInline) == 0 ? h.imm : h.count,
-                        std::memory_order_relaxed);
+  // Counted from now on: the peer may answer the record as soon as it is in the ring. A
+  // message's one answer is due only once its last record is.
+  if ((h.flags & kFlagMore) == 0) {
+    op->on_wire.fetch_add(h.type == Record::kRead && (h.flags & kFlagInline) == 0 ? h.imm : h.count,
+                          std::memory_order_relaxed);
+  }
   out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload - out_payload_.size();
   if (last) {
     queue_head_ = op->lane_next[0];
@@ -1071,57 +996,116 @@ struct HeldSend final : Rendezvous {
 
 Status ShmChannel::on_send(const View& r, std::size_t& pulled) {
   const Header& h = r.header;
+  if ((h.flags & kFlagInline) != 0) return on_message_bytes(r, pulled);
+  if (!r.payload.empty()) return {ErrorCode::kProtocol, "shm send: bytes beside a pulled message"};
+  if (arriving_.active) return message_out_of_place(h.op_id);
+  return hold_or_pull(h.op_id, h.tag, r.entry(0), pulled);
+}
+
+Status ShmChannel::hold_or_pull(uint64_t op_id, uint64_t tag, const Entry& e, std::size_t& pulled) {
+  Status refused;
+  OpState* recv = link_->matcher.announce(
+      tag, 0, std::make_shared<HeldSend>(weak_from_this(), op_id, tag, e), refused);
+  if (!refused.ok()) return respond_status(Record::kSendAck, op_id, 1, refused);
+  if (recv == nullptr) {
+    // Held: the sender gets its credit back, so that its other requests go on meanwhile.
+    return respond_status(Record::kSendAck, op_id, 1, {ErrorCode::kInProgress, ""});
+  }
+  return into_receive(recv, op_id, tag, e, false, pulled);
+}
+
+Status ShmChannel::message_out_of_place(uint64_t op_id) const {
+  std::string arriving =
+      arriving_.active ? "op " + std::to_string(arriving_.op_id) + "'s arrives" : "none arrives";
+  return {ErrorCode::kProtocol, "shm send: a record of op " + std::to_string(op_id) +
+                                    " out of place (of the messages in several records, " +
+                                    arriving + ")"};
+}
+
+Status ShmChannel::on_message_bytes(const View& r, std::size_t& pulled) {
+  const Header& h = r.header;
   Entry e = r.entry(0);
-  const bool inline_bytes = (h.flags & kFlagInline) != 0;
-  if (inline_bytes ? r.payload.size() != e.length : !r.payload.empty()) {
+  Arriving& m = arriving_;
+  if (e.entry_offset == 0) {
+    if (m.active) return message_out_of_place(h.op_id);
+    m.active = true;
+    m.op_id = h.op_id;
+    m.tag = h.tag;
+    m.length = e.length;
+    m.received = 0;
+    m.address = e.address;
+    Matcher::Arrival a = link_->matcher.arrive(h.tag, e.length);
+    m.recv = a.recv;
+    m.counted = a.error.ok() && a.recv == nullptr;
+    // One of several records that the limits leave no room to buffer is held instead, once
+    // its last record is in, as a pulled message is: the receive that takes it pulls it.
+    m.held = !a.error.ok() && (h.flags & kFlagMore) != 0;
+    m.refused = m.held ? Status() : a.error;
+  } else if (!m.active || h.op_id != m.op_id || h.tag != m.tag || e.length != m.length ||
+             e.entry_offset != m.received) {
+    return message_out_of_place(h.op_id);
+  }
+  const std::size_t n = r.payload.size();
+  const uint64_t left = m.length - m.received;
+  const bool more = (h.flags & kFlagMore) != 0;
+  if (more ? n == 0 || n >= left : n != left) {
     return {ErrorCode::kProtocol, "shm send: its length and its bytes disagree"};
   }
-  if (!inline_bytes) {
-    // Rendezvous: only the announcement is held (counted like an empty message) until a
-    // receive is posted, then the bytes are pulled straight into it.
-    Status refused;
-    OpState* recv = link_->matcher.announce(
-        h.tag, 0, std::make_shared<HeldSend>(weak_from_this(), h.op_id, h.tag, e), refused);
-    if (!refused.ok()) return respond_status(Record::kSendAck, h.op_id, 1, refused);
-    if (recv == nullptr) {
-      // Held: the sender gets its credit back, so that its other requests go on meanwhile.
-      return respond_status(Record::kSendAck, h.op_id, 1, {ErrorCode::kInProgress, ""});
+  if (m.recv != nullptr) {
+    const OpEntry& dst = m.recv->entries[0];
+    if (m.received < dst.length) {
+      std::memcpy(dst.local + m.received, r.payload.data(),
+                  std::min<uint64_t>(n, dst.length - m.received));
     }
-    return into_receive(recv, h.op_id, h.tag, e, nullptr, false, pulled);
+  } else if (m.counted) {
+    if (m.buffer.capacity() < m.length) m.buffer.reserve(m.length);  // arrive() counted it
+    m.buffer.insert(m.buffer.end(), r.payload.begin(), r.payload.end());
   }
-  Matcher::Arrival a = link_->matcher.arrive(h.tag, e.length);
-  if (!a.error.ok()) return respond_status(Record::kSendAck, h.op_id, 1, a.error);
-  if (a.recv != nullptr) {
-    return into_receive(a.recv, h.op_id, h.tag, e, r.payload.data(), false, pulled);
+  m.received += n;
+  if (more) return {};
+  m.active = false;
+  if (m.recv != nullptr)
+    return complete_receive(std::exchange(m.recv, nullptr), m.op_id, m.tag, m.length, {}, false);
+  if (m.held) {
+    Entry whole;
+    whole.length = m.length;
+    whole.address = m.address;
+    return hold_or_pull(m.op_id, m.tag, whole, pulled);
   }
-  std::vector<uint8_t> buffer(r.payload.begin(), r.payload.end());  // counted by the matcher
-  Status queued = respond_status(Record::kSendAck, h.op_id, 1, {});
+  if (!m.counted) return respond_status(Record::kSendAck, m.op_id, 1, m.refused);
+  m.counted = false;
+  Status queued = respond_status(Record::kSendAck, m.op_id, 1, {});
   messages.received.fetch_add(1, std::memory_order_relaxed);
-  link_->matcher.commit(h.tag, std::move(buffer));
+  link_->matcher.commit(m.tag, std::move(m.buffer));
+  m.buffer = {};
   return queued;
 }
 
 Status ShmChannel::into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
-                                const uint8_t* inline_bytes, bool held, std::size_t& pulled) {
+                                bool held, std::size_t& pulled) {
   const OpEntry& dst = recv->entries[0];
   uint64_t n = std::min(e.length, dst.length);
   Status s;
-  if (n > 0 && inline_bytes != nullptr) {
-    std::memcpy(dst.local, inline_bytes, n);
-  } else if (n > 0) {
+  if (n > 0) {
     iovec local{dst.local, n}, remote{peer_address(e.address), n};
     pulled += n;
     s = pull(&local, &remote, 1, n);
   }
-  Status answer = s;
-  if (s.ok() && e.length > dst.length) answer = Matcher::truncated_send(tag, dst.length);
+  return complete_receive(recv, op_id, tag, e.length, s, held);
+}
+
+Status ShmChannel::complete_receive(OpState* recv, uint64_t op_id, uint64_t tag, uint64_t length,
+                                    const Status& copied, bool held) {
+  const uint64_t capacity = recv->entries[0].length;
+  Status answer = copied;
+  if (copied.ok() && length > capacity) answer = Matcher::truncated_send(tag, capacity);
   // The ack is queued before the receiver can run: anything it sends next goes out after it.
   Status queued = respond_status(Record::kSendAck, op_id, 1, answer, held);
-  if (s.ok()) {
+  if (copied.ok()) {
     messages.received.fetch_add(1, std::memory_order_relaxed);
-    Matcher::settle(recv, e.length);
+    Matcher::settle(recv, length);
   } else {
-    recv->record_error(s);
+    recv->record_error(copied);
   }
   recv->finish_posted();
   return queued;
@@ -1133,8 +1117,7 @@ void ShmChannel::taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpSta
     self->lock_polling();
     std::size_t pulled = 0;
     // Once stopped, closing fails the receive with the peer's other ops.
-    Status s =
-        self->stopped_ ? Status() : self->into_receive(recv, op_id, tag, e, nullptr, true, pulled);
+    Status s = self->stopped_ ? Status() : self->into_receive(recv, op_id, tag, e, true, pulled);
     self->unlock_polling();
     if (!s.ok()) self->close(s);
   });
@@ -1273,6 +1256,10 @@ void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why
     for (const auto* held : {&self->grants_, &self->lent_}) {
       for (const Held& h : *held) touched = touched || overlaps(h.base, h.length, base, length);
     }
+    if (const OpState* filling = self->arriving_.recv; filling != nullptr) {
+      const OpEntry& dst = filling->entries[0];
+      touched = touched || overlaps(dst.local, dst.length, base, length);
+    }
     self->unlock_polling();
     if (touched) self->close(why);
   });
@@ -1297,6 +1284,9 @@ void ShmChannel::stop() {
       control_head_ = (control_head_ + 1) % controls_.size();
     }
   }
+  // A message cut short: its receive fails with the peer's other ops; its buffer counts no more.
+  if (arriving_.counted) link_->matcher.abandon(arriving_.length);
+  arriving_ = {};
   grants_.clear();  // the peer pulls no more: the regions may go
   lent_.clear();    // what it mapped holds memory the engine frees only after deregistration
   unmap_all();
@@ -1332,7 +1322,7 @@ void ShmChannel::report_closed() {
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
   if (Status s =
-          ShmChannel::create(std::move(args), pool_, no_cross_memory_, ring_writes_up_to_, channel);
+          ShmChannel::create(std::move(args), pool_, no_cross_memory_, ring_copies_up_to_, channel);
       !s.ok()) {
     return s;
   }

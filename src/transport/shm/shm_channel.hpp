@@ -90,7 +90,7 @@ class ShmChannel final : public Channel,
  public:
   // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
   static Status create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory, uint64_t ring_writes_up_to,
+                       std::string no_cross_memory, uint64_t ring_copies_up_to,
                        std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
@@ -134,7 +134,7 @@ class ShmChannel final : public Channel,
 
  private:
   ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool, std::string no_cross_memory,
-             uint64_t ring_writes_up_to);
+             uint64_t ring_copies_up_to);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
@@ -163,6 +163,8 @@ class ShmChannel final : public Channel,
   Status send_file_locked(uint32_t region, int file, bool& full);
   // Encodes the queue head's next request into out_ (and out_payload_).
   void encode_request_locked(OpState* op);
+  // Whether a message of `length` bytes goes through the rings in slices (else pulled).
+  bool copies_through_rings(uint64_t length) const;
   void arm_locked(bool out);
   uint32_t socket_events_locked() const;
   // An answer gave back a request's credit.
@@ -196,10 +198,21 @@ class ShmChannel final : public Channel,
   Status on_write(const View& r, std::size_t& pulled);
   Status on_read(const View& r);
   Status on_send(const View& r, std::size_t& pulled);
-  // Fills a posted receive with a message (its bytes inline, else pulled), answers the sender
-  // and completes the receive.
-  Status into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e,
-                      const uint8_t* inline_bytes, bool held, std::size_t& pulled);
+  // A message's bytes in its record, or in one of its records (kFlagMore): into the receive
+  // it matched or a buffer; its last answers the sender.
+  Status on_message_bytes(const View& r, std::size_t& pulled);
+  // Rendezvous for a message whose bytes stay with the sender (`e`: its length and address):
+  // pulled into a posted receive, else only its announcement is held (counted like an empty
+  // message) until a receive takes it (taken_later).
+  Status hold_or_pull(uint64_t op_id, uint64_t tag, const Entry& e, std::size_t& pulled);
+  Status message_out_of_place(uint64_t op_id) const;
+  // Pulls a message into a posted receive, then complete_receive().
+  Status into_receive(OpState* recv, uint64_t op_id, uint64_t tag, const Entry& e, bool held,
+                      std::size_t& pulled);
+  // A message of `length` bytes is in `recv` (unless `copied` failed): answers the sender and
+  // completes the receive.
+  Status complete_receive(OpState* recv, uint64_t op_id, uint64_t tag, uint64_t length,
+                          const Status& copied, bool held);
   Status on_imm(const View& r);
   Status on_release(const View& r);
   Status on_answer(const View& r, std::size_t& pulled);
@@ -243,7 +256,7 @@ class ShmChannel final : public Channel,
   // Why the two processes cannot pull from each other ("" when they can); set before the
   // channel is published.
   std::string no_cross_memory_;
-  const uint64_t ring_writes_up_to_;  // ShmConfig::ring_writes_up_to
+  const uint64_t ring_copies_up_to_;  // ShmConfig::ring_copies_up_to
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};
@@ -301,6 +314,21 @@ class ShmChannel final : public Channel,
   std::vector<uint8_t> scratch_;  // an inline answer's table and bytes
   uint64_t imm_op_ = 0;           // the write whose records arrive now, and whether one failed
   bool imm_op_failed_ = false;
+  // The message whose records arrive now (a sender sends one message's records in a row).
+  struct Arriving {
+    bool active = false;
+    uint64_t op_id = 0;
+    uint64_t tag = 0;
+    uint64_t length = 0;      // the whole message's
+    uint64_t received = 0;    // bytes so far
+    uint64_t address = 0;     // where the sender holds it
+    OpState* recv = nullptr;  // the posted receive it fills, if one was posted;
+    bool counted = false;     // else buffered in `buffer`, which the matcher counted;
+    std::vector<uint8_t> buffer;
+    bool held = false;  // else (over the limits, several records) held once its last is in;
+    Status refused;     // else (over the limits, one record) refused
+  };
+  Arriving arriving_;
   // A region held for the peer beyond one record: a deregistration waits for it.
   struct Held {
     uint64_t id = 0;  // the grant's id, or the lent region's
@@ -336,7 +364,7 @@ class ShmTransport final : public Transport {
   ShmTransport(const ShmConfig& config, std::string no_cross_memory)
       : pool_(std::make_shared<CopyPool>(config.copy_threads)),
         no_cross_memory_(std::move(no_cross_memory)),
-        ring_writes_up_to_(config.ring_writes_up_to) {}
+        ring_copies_up_to_(config.ring_copies_up_to) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -350,7 +378,7 @@ class ShmTransport final : public Transport {
  private:
   std::shared_ptr<CopyPool> pool_;  // shared with the channels, which may outlive this
   std::string no_cross_memory_;
-  uint64_t ring_writes_up_to_;  // ShmConfig::ring_writes_up_to
+  uint64_t ring_copies_up_to_;  // ShmConfig::ring_copies_up_to
 };
 
 }  // namespace ferry::transport::shm

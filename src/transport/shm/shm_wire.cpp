@@ -135,8 +135,9 @@ Status parse(std::span<const uint8_t> record, View& out) {
       type > static_cast<uint8_t>(Record::kUnmapped)) {
     return malformed("type " + std::to_string(type));
   }
-  if ((h.flags & ~(kFlagInline | kFlagImm | kFlagWritable)) != 0 ||
-      ((h.flags & kFlagWritable) != 0 && h.type != Record::kMap)) {
+  if ((h.flags & ~(kFlagInline | kFlagImm | kFlagWritable | kFlagMore)) != 0 ||
+      ((h.flags & kFlagWritable) != 0 && h.type != Record::kMap) ||
+      ((h.flags & kFlagMore) != 0 && (h.type != Record::kSend || (h.flags & kFlagInline) == 0))) {
     return malformed("flags " + std::to_string(h.flags));
   }
   std::size_t table = 0;

@@ -13,7 +13,7 @@
 
 namespace ferry::transport::shm {
 
-constexpr uint8_t kAddressVersion = 2;  // 2: rings (protocol.md)
+constexpr uint8_t kAddressVersion = 3;  // 2: rings; 3: messages in several records (protocol.md)
 using Nonce = std::array<uint8_t, 16>;
 
 // What one side tells the other to connect (Channel::local_address).
@@ -32,7 +32,8 @@ enum class Record : uint8_t {
   kHello = 1,     // dialer -> listener, first on the socket: token, whether it read the probe
   kWrite = 2,     // entries; inline bytes follow the table, else the target pulls them
   kRead = 3,      // entries; answered with kReadData (inline) or kGrant (one entry, pulled)
-  kSend = 4,      // one entry (length, address); inline bytes, else the target pulls them
+  kSend = 4,      // one entry (length, address); inline bytes, else the target pulls them;
+                  // inline, a message may come in several records (kFlagMore)
   kRelease = 5,   // the initiator is done with grant `tag`
   kAck = 6,       // `count` slices done; `status`, error text as payload
   kReadData = 7,  // the request's table echoed, then the bytes
@@ -52,6 +53,9 @@ enum class Record : uint8_t {
 constexpr uint8_t kFlagInline = 1;    // the bytes travel in the record
 constexpr uint8_t kFlagImm = 2;       // a write's last record: deliver `imm` once it landed
 constexpr uint8_t kFlagWritable = 4;  // kMap: the peer may map the file writable
+// kSend, inline: more of the message follows in the next records of the same op, each with
+// the message's length and its bytes' offset (entry_offset) in the entry.
+constexpr uint8_t kFlagMore = 8;
 
 struct Header {
   Record type{};
@@ -84,15 +88,15 @@ constexpr uint32_t kMaxEntries = 256;
 // socket costs less than the process_vm_readv call and its page walk (*to measure*; TCP's
 // staging buffer draws the same line at 16 KiB).
 constexpr std::size_t kInlineBytes = 16 << 10;
-// Writes from this many bytes in all (up to ShmConfig::ring_writes_up_to, 1 MiB by default)
-// ride in records too, cut into kInlineBytes slices, although process_vm_readv could pull them:
-// the rings' copies run in cache, pipelined on both sides, where one process_vm_readv of
+// Writes and messages from this many bytes in all (up to ShmConfig::ring_copies_up_to, 1 MiB by
+// default) ride in records too, cut into kInlineBytes slices, although process_vm_readv could
+// pull them: the rings' copies run in cache, pipelined on both sides, where one process_vm_readv of
 // 512 KiB-1 MiB walks its pages alone. `ferry bench --transport shm`, 2026-11-25, MB/s pulled
 // -> through the rings, one write at a time: 128 KiB 11327 -> 6817, 256 KiB 13082 -> 17698,
 // 1 MiB 7459 -> 18680, 2 MiB 8654 -> 6040-9828; 8 in flight: 256 KiB 13729 -> 26310, 1 MiB
 // 10481 -> 22530. Below 256 KiB a pull is one record where the rings take several, each a
 // chance to find the target's vCPU idle (~24 us to wake here).
-constexpr std::size_t kRingWritesFrom = 256 << 10;
+constexpr std::size_t kRingCopiesFrom = 256 << 10;
 // An error text in a response.
 constexpr std::size_t kMaxTextBytes = 512;
 // The largest record: a full table and the inline bytes.
