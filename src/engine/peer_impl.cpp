@@ -313,8 +313,7 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   // Cut for the channel the batch goes on (a reroute may have changed it).
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
   const transport::Channel::BounceWrites& bounce = via.bounce_writes;
-  if (op->kind == OpKind::kWrite && bounce.slice != 0 && total >= bounce.from &&
-      total <= bounce.up_to && bounce.slice < op->slice_bytes) {
+  if (op->kind == OpKind::kWrite && bounce.covers(total) && bounce.slice < op->slice_bytes) {
     op->slice_bytes = bounce.slice;
   }
   for (const Transfer& t : batch) {

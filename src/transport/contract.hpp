@@ -145,6 +145,8 @@ class Channel {
     uint64_t from = 0;
     uint64_t up_to = 0;
     uint64_t slice = 0;
+    // Whether `total` bytes fall in the window.
+    bool covers(uint64_t total) const { return slice != 0 && total >= from && total <= up_to; }
   };
   virtual BounceWrites bounce_writes() const { return {}; }
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
@@ -282,10 +283,6 @@ ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
   return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes};
 }
 
-bool ShmChannel::copies_through_rings(uint64_t length) const {
-  return length >= kRingCopiesFrom && length <= ring_copies_up_to_;
-}
-
 Status ShmChannel::start() {
   in_.resize(kMaxRecordBytes);
   out_.resize(kMaxRecordBytes);
@@ -443,7 +440,8 @@ void ShmChannel::encode_request_locked(OpState* op) {
     Entry x;
     x.length = e.length;
     x.address = reinterpret_cast<uint64_t>(e.local);
-    if (e.length <= kInlineBytes || copies_through_rings(e.length)) {
+    // Messages in the window writes are cut for go through the rings too, in records.
+    if (e.length <= kInlineBytes || bounce_writes().covers(e.length)) {
       // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
       LaneCursor& c = op->lanes[0];
       uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);
@@ -1076,8 +1074,7 @@ Status ShmChannel::on_message_bytes(const View& r, std::size_t& pulled) {
   m.counted = false;
   Status queued = respond_status(Record::kSendAck, m.op_id, 1, {});
   messages.received.fetch_add(1, std::memory_order_relaxed);
-  link_->matcher.commit(m.tag, std::move(m.buffer));
-  m.buffer = {};
+  link_->matcher.commit(m.tag, std::exchange(m.buffer, {}));
   return queued;
 }
 

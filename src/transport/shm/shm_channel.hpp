@@ -163,8 +163,6 @@ class ShmChannel final : public Channel,
   Status send_file_locked(uint32_t region, int file, bool& full);
   // Encodes the queue head's next request into out_ (and out_payload_).
   void encode_request_locked(OpState* op);
-  // Whether a message of `length` bytes goes through the rings in slices (else pulled).
-  bool copies_through_rings(uint64_t length) const;
   void arm_locked(bool out);
   uint32_t socket_events_locked() const;
   // An answer gave back a request's credit.
