@@ -757,5 +757,49 @@ TEST(Hostile, ASameHostPeerCannotAnswerAMessageBeforeItsLastRecord) {
   expect_legitimate_peer_served(server);
 }
 
+// A same-host peer that stops halfway through a message whose receive fills a region: the
+// receive holds the region, so its deregistration waits for the message, but no longer than
+// revoke_timeout. Then the peer is cut off, the receive fails, and the records it sends after
+// never reach the memory.
+TEST(Hostile, ASameHostPeerStoppedMidMessageCannotHoldADeregistration) {
+  Config c = same_host_server_config();
+  c.revoke_timeout = std::chrono::milliseconds(200);
+  Engine server(c);
+  RawShmPeer raw;
+  ASSERT_NO_FATAL_FAILURE(raw.start(server, 130));
+  std::optional<Peer> peer = server.accept(kWait);
+  ASSERT_TRUE(peer.has_value());
+  constexpr uint64_t kLength = 4 * shm::kInlineBytes, kSlice = shm::kInlineBytes;
+  Buffer dst(server, kLength, Access::kLocal, 3);
+  const std::vector<uint8_t> before = dst.bytes;
+  Future recv = peer->recv(5, dst.region, 0, kLength);
+  message_record(raw, 7, kLength, 0, true);
+  // The engine took the first record: the receive is matched and filling, no longer posted.
+  ASSERT_TRUE(eventually([&] { return !raw.out.pending(); }));
+  auto deregistered = std::async(std::launch::async, [&] { dst.region.deregister(); });
+  bool returned = deregistered.wait_for(kWait) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "a message stopped halfway held the deregistration";
+  if (!returned) {  // ends the stall, so the test can end
+    for (uint64_t at = kSlice; at < kLength; at += kSlice) {
+      message_record(raw, 7, kLength, at, at + kSlice < kLength);
+    }
+  }
+  deregistered.get();
+  Status s = recv.wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kRevoked) << s.to_string();
+  std::printf("[ figure ] a receive cut off mid-message: %s\n", s.to_string().c_str());
+  EXPECT_TRUE(eventually([&] { return !peer->connected(); }));
+  // The rest of the message, sent after the deregistration returned, lands nowhere.
+  if (returned) {
+    for (uint64_t at = kSlice; at < kLength; at += kSlice) {
+      message_record(raw, 7, kLength, at, at + kSlice < kLength);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(std::equal(dst.bytes.begin() + kSlice, dst.bytes.end(), before.begin() + kSlice))
+      << "records after the cut-off were copied into the deregistered memory";
+  expect_legitimate_peer_served(server);
+}
+
 }  // namespace
 }  // namespace ferry::test
