@@ -12,6 +12,10 @@ BASELINES=${BASELINES:-build/release/bench/shm_baselines}
 POPULATE=${POPULATE:-build/release/bench/libucx_populate.so}
 PORT=${PORT:-15211}
 REPEAT=${REPEAT:-3}
+# Bytes each side of a window comparison (Ferry's 8 in flight, UCX's bandwidth tests) moves per
+# size: at 30 GB/s the bench's default 512 MiB lasts 17 ms, which one scheduling hiccup decides
+# (1 MiB sends moved 8-39 GB/s from run to run so).
+WINDOW_BYTES=${WINDOW_BYTES:-8589934592}
 
 for tool in ucx_perftest python3; do
   command -v "$tool" >/dev/null || { echo "compare_shm: $tool missing (make deps installs it)"; exit 1; }
@@ -29,7 +33,7 @@ ucx_bw() {
   [ "$4" = written ] && with+=(UCX_ALLOC_PRIO=heap LD_PRELOAD="$(realpath "$POPULATE")")
   "${with[@]}" ucx_perftest -p "$PORT" >/dev/null 2>&1 &
   sleep 0.5
-  "${with[@]}" ucx_perftest 127.0.0.1 -p "$PORT" -t "$2" -s "$3" -n $((2000 * 1048576 / $3 + 20)) \
+  "${with[@]}" ucx_perftest 127.0.0.1 -p "$PORT" -t "$2" -s "$3" -n $((WINDOW_BYTES / $3 + 20)) \
     -w 20 2>/dev/null | awk '/Final:/ {print $(NF-2)}' | tail -1
   wait
 }
@@ -37,7 +41,7 @@ ucx_bw() {
 pick() {
   echo "$1" | python3 -c "
 import json,sys
-for line in sys.stdin:
+for line in filter(str.strip, sys.stdin):
     r = json.loads(line)
     if r.get('op') == '$2' and r.get('size') == $3 and 'mb_per_s' in r: print(r['$4'])"
 }
@@ -53,10 +57,12 @@ for run in $(seq 1 "$REPEAT"); do
   cma=$("$FERRY" bench --transport shm --op write,read --sizes $M64 --json)
   # Against UCX's bandwidth tests, which keep a window of messages in flight from one buffer
   # into one buffer: 8 in flight, all on the first area (--same-area).
-  win_map=$("$FERRY" bench --transport shm --memory allocate --op write,send --sizes $M1,$M16 \
-    --concurrency 8 --same-area --json)
-  win_cma=$("$FERRY" bench --transport shm --op write,send --sizes $M1,$M16 --concurrency 8 \
-    --same-area --json)
+  win_map="" win_cma=""
+  for s in $M1 $M16; do
+    window=(--sizes $s --concurrency 8 --same-area --iters $((WINDOW_BYTES / s)) --json)
+    win_map+=$("$FERRY" bench --transport shm --memory allocate --op write "${window[@]}")$'\n'
+    win_cma+=$("$FERRY" bench --transport shm --op write,send "${window[@]}")$'\n'
+  done
   lat=$("$FERRY" bench --transport shm --memory allocate --op write,pingpong --sizes 8 --json)
   # Registered memory, small: records through the rings, the target's progress thread asleep
   # between operations (the default) or busy-polling them for 20 us after work.

@@ -68,11 +68,14 @@ TEST(ShmRing, AFullRingRefusesWholeRecordsAndTheConsumerIsAskedForRoomOnce) {
   while (p.producer.write(record)) ++written;
   EXPECT_GE(written, 4);
   EXPECT_FALSE(p.producer.write(record));  // still full: nothing half written
+  EXPECT_FALSE(p.producer.room_freed());
   std::vector<uint8_t> in(kMaxRecordBytes);
   std::size_t n = 0;
   ASSERT_TRUE(p.consumer.read(in, n).ok());
   EXPECT_EQ(n, record.size());
+  EXPECT_FALSE(p.producer.room_freed()) << "freed, but the consumer did not say so yet";
   EXPECT_TRUE(p.consumer.room_wanted());
+  EXPECT_TRUE(p.producer.room_freed());
   EXPECT_FALSE(p.consumer.room_wanted());  // the producer's bell rings once
   EXPECT_TRUE(p.producer.write(record));
   for (int i = 0; i < written; ++i) {

@@ -410,6 +410,7 @@ Status ShmChannel::pump_locked() {
     ++written_;
   }
   arm_locked(socket_full);
+  room_awaited_.store(full && outbound_.valid(), std::memory_order_relaxed);
   // One bell for what this pump wrote, when the peer polls its ring no more.
   if (written_ != published && outbound_.wake_needed()) ring_bell(peer_bell_.get());
   return s;
@@ -776,9 +777,21 @@ void ShmChannel::spin(const std::atomic<bool>& done, std::chrono::nanoseconds bu
       auto now = std::chrono::steady_clock::now();
       if (i == 7) until = now + budget;
       if (now >= until) break;
+      if (room_awaited_.load(std::memory_order_relaxed)) refill();
     }
   }
   end_polling();  // records that came while we looked and nobody took: the progress thread's
+}
+
+void ShmChannel::refill() {
+  Status s;
+  {
+    // Never waits: whoever holds the lock is writing already.
+    std::unique_lock lock(send_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || send_closed_ || !outbound_.room_freed()) return;
+    s = pump_locked();
+  }
+  if (!s.ok()) close(s);
 }
 
 void ShmChannel::unwatched() {

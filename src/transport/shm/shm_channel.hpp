@@ -146,6 +146,8 @@ class ShmChannel final : public Channel,
   Status send_ring(int fd, std::span<const uint8_t> payload);
   // Takes the peer's ring and bell from a kHello record received on `fd`.
   Status take_ring(int fd, std::vector<uint8_t>& hello);
+  // From a spinning caller: pump_locked() once the peer freed room that records wait for.
+  void refill();
 
   // ---- send side, under send_mu_ ----
   // Writes the records owed (control records, answers), then requests while credits last,
@@ -281,6 +283,10 @@ class ShmChannel final : public Channel,
   core::Fd peer_bell_;
   uint64_t written_ = 0;          // records written into outbound_
   bool request_pending_ = false;  // out_ holds a request the ring did not take yet
+  // The last pump left records for want of room in outbound_: a caller spinning on this
+  // channel writes them once the peer freed some, sooner than the bell wakes our progress
+  // thread (sends of a few MiB refill the ring several times each).
+  std::atomic<bool> room_awaited_{false};
   int credits_ = kRequestsInFlight;
   OpState* queue_head_ = nullptr;
   OpState* queue_tail_ = nullptr;

@@ -179,6 +179,8 @@ bool Ring::wake_needed() {
   return shared(control_->pollers).load() == 0 && shared(control_->bell).exchange(1) == 0;
 }
 
+bool Ring::room_freed() const { return shared(control_->want_room).load() == 0; }
+
 Status Ring::peek(std::size_t max_length, const uint8_t*& at, std::size_t& length) {
   length = 0;
   for (;;) {
