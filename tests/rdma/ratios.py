@@ -52,7 +52,9 @@ missing = False
 present_only = "--present" in sys.argv[2:]
 for name, ours_key, theirs_key, factor in rows:
     ours, theirs = metrics.get(ours_key), metrics.get(theirs_key)
-    if present_only and (ours is None or theirs is None):
+    # Neither side measured: the row belongs to another tests file (make bench-rdma runs
+    # bench.tests, make bench-rdma-stream stream-bench.tests); one side alone is a failure.
+    if (ours is None and theirs is None) or (present_only and (ours is None or theirs is None)):
         continue
     if ours is None or theirs is None or theirs == 0:
         print("%-36s %12s %12s %7s" % (name, ours, theirs, "n/a"))
