@@ -16,6 +16,9 @@ REPEAT=${REPEAT:-3}
 # size: at 30 GB/s the bench's default 512 MiB lasts 17 ms, which one scheduling hiccup decides
 # (1 MiB sends moved 8-39 GB/s from run to run so).
 WINDOW_BYTES=${WINDOW_BYTES:-8589934592}
+# ferry bench takes 1 to 20000 iterations: 16 MiB x 1 up to 1 MiB x 20000.
+(( WINDOW_BYTES >= 16777216 && WINDOW_BYTES <= 20000 * 1048576 )) ||
+  { echo "compare_shm: WINDOW_BYTES must be 16 MiB to 20000 MiB"; exit 1; }
 
 for tool in ucx_perftest python3; do
   command -v "$tool" >/dev/null || { echo "compare_shm: $tool missing (make deps installs it)"; exit 1; }

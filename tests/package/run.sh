@@ -25,7 +25,10 @@ for f in include/ferry/ferry.hpp include/ferry/error.hpp include/ferry/types.hpp
          lib/pkgconfig/ferry.pc bin/ferry share/doc/ferry/LICENSE share/doc/ferry/NOTICE; do
   [ -e "$prefix/$f" ] || fail "missing $f"
 done
-readelf -d "$prefix/lib/libferry.so" | grep -q "SONAME.*\[libferry.so.$soversion\]" ||
+# Read whole before grep: under pipefail, `grep -q` quitting at its match could leave the
+# writer a SIGPIPE and fail the pipeline (it did once, on a loaded machine).
+dynamic=$(readelf -d "$prefix/lib/libferry.so")
+grep -q "SONAME.*\[libferry.so.$soversion\]" <<<"$dynamic" ||
   fail "SONAME is not libferry.so.$soversion"
 # Only the public API is exported: no engine, transport or core internals.
 leaked=$(nm -D --defined-only -C "$prefix/lib/libferry.so" | cut -d' ' -f3- |
@@ -38,9 +41,11 @@ step "find_package(ferry): ferry::ferry (shared) and ferry::ferry_static"
 cmake -S "$consumer" -B "$work/find_package" -G Ninja -DFERRY_CONSUME=find_package \
       -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/find_package" -j "$jobs" >/dev/null
-ldd "$work/find_package/consumer" | grep -q "libferry.so.$soversion => $prefix/lib" ||
+libs=$(ldd "$work/find_package/consumer")
+grep -q "libferry.so.$soversion => $prefix/lib" <<<"$libs" ||
   fail "consumer does not load the installed libferry.so"
-if ldd "$work/find_package/consumer_static" | grep -q libferry; then
+libs=$(ldd "$work/find_package/consumer_static")
+if grep -q libferry <<<"$libs"; then
   fail "consumer_static loads libferry.so"
 fi
 "$work/find_package/consumer"

@@ -29,7 +29,8 @@ metrics = {name: (min if values[0][1] == "usec" else max)(v for v, _ in values)
            for name, values in runs.items()}
 medians = {name: statistics.median(v for v, _ in values) for name, values in runs.items()}
 
-# (label, Ferry's metric, perftest's metric, factor on perftest's figure)
+# (label, Ferry's metric, perftest's metric, factor on perftest's figure); the last row's
+# pair is stream-bench.tests', the others bench.tests'.
 rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         ("read bandwidth 64 KiB", "ferry_read_bw_64k", "read_bw_64k", 1),
         ("write bandwidth 1 MiB", "ferry_write_bw_1m", "write_bw_1m", 1),
@@ -46,16 +47,22 @@ rows = [("write bandwidth 64 KiB", "ferry_write_bw_64k", "write_bw_64k", 1),
         # ferry stream against ferry bench write (stream-bench.tests), not perftest
         ("stream 64 KiB w16 / ferry write x16", "ferry_stream_64k_w16", "ferry_write_bw_64k_w16",
          1)]
+STREAM_ROWS = 1
+tests_files = {"bench.tests": rows[:-STREAM_ROWS], "stream-bench.tests": rows[-STREAM_ROWS:]}
+# A tests file ran when any of its metrics is in the log; the rows of the others are left out.
+ran = [row for file_rows in tests_files.values()
+       if any(k in metrics for _, ours, theirs, _ in file_rows for k in (ours, theirs))
+       for row in file_rows]
 print("%-36s %12s %12s %7s %9s %8s" % ("ferry over verbs vs perftest", "ferry", "perftest",
                                         "ratio", "(median)", "(pairs)"))
 missing = False
+printed = 0
 present_only = "--present" in sys.argv[2:]
-for name, ours_key, theirs_key, factor in rows:
+for name, ours_key, theirs_key, factor in ran:
     ours, theirs = metrics.get(ours_key), metrics.get(theirs_key)
-    # Neither side measured: the row belongs to another tests file (make bench-rdma runs
-    # bench.tests, make bench-rdma-stream stream-bench.tests); one side alone is a failure.
-    if (ours is None and theirs is None) or (present_only and (ours is None or theirs is None)):
+    if present_only and (ours is None or theirs is None):
         continue
+    printed += 1
     if ours is None or theirs is None or theirs == 0:
         print("%-36s %12s %12s %7s" % (name, ours, theirs, "n/a"))
         missing = True
@@ -86,4 +93,6 @@ if emulate:
           " %d, latency p50 %.1f us p99 %.1f us" % tuple(emulate.get(k, float("nan")) for k in (
               "rate_MBps", "frames", "frames_sent", "lost", "bad_crc", "late", "latency_p50_us",
               "latency_p99_us")))
-sys.exit(1 if missing else 0)
+if printed == 0:
+    print("ratios.py: no pair of Ferry and its peer was measured in " + sys.argv[1])
+sys.exit(1 if missing or printed == 0 else 0)

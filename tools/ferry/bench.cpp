@@ -609,9 +609,11 @@ struct Initiator {
       return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
     };
     struct Timed {
-      double secs = 0;
+      double secs = 0;  // in the transfers: from each post to its completion
       std::vector<double> lat_us;
     } contiguous_t, scattered_t;
+    contiguous_t.lat_us.reserve(static_cast<std::size_t>(iters));
+    scattered_t.lat_us.reserve(static_cast<std::size_t>(iters));
     auto once = [&](std::span<const Transfer> b, bool count_submit, Timed& t) {
       double cpu0 = count_submit ? thread_cpu() : 0;
       auto ts = BenchClock::now();
@@ -637,7 +639,7 @@ struct Initiator {
                    2 * static_cast<uint64_t>(iters));
     for (int i = 0; i < iters; ++i) {
       once({&contiguous, 1}, false, contiguous_t);
-      shown.update(2 * static_cast<uint64_t>(i) + 1, once(scattered, true, scattered_t));
+      shown.update(2 * static_cast<uint64_t>(i + 1), once(scattered, true, scattered_t));
     }
     auto& [csecs, clat] = contiguous_t;
     auto& [ssecs, slat] = scattered_t;
