@@ -518,7 +518,14 @@ void EngineImpl::peer_closed(PeerImpl* peer) {
     auto same = [peer](const auto& p) { return p.get() == peer; };
     std::erase_if(peers_, same);
     std::erase_if(accepted_, same);  // a peer nobody accepted leaves the queue when it closes
-    std::erase_if(joining_, [peer](const auto& j) { return j.second.peer.get() == peer; });
+    // A client told that all its connections joined may use the peer and leave before we
+    // publish it: it connected, and a target waiting for one initiator to come and go
+    // (stats().peers_admitted) must see it, however fast it left.
+    std::erase_if(joining_, [&](const auto& j) {
+      if (j.second.peer.get() != peer) return false;
+      if (j.second.told == j.second.expected) ++admitted_;
+      return true;
+    });
     std::erase_if(connecting_, same);
   }
   accept_cv_.notify_all();
@@ -590,6 +597,13 @@ std::shared_ptr<PeerImpl> EngineImpl::find_joining(const engine::Token& token) {
   return nullptr;
 }
 
+void EngineImpl::told_joined(const engine::Token& token, int delta) {
+  std::lock_guard lock(mu_);
+  for (auto& j : joining_) {
+    if (j.first == token) j.second.told += delta;
+  }
+}
+
 void EngineImpl::attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
                              core::Fd fd) {
   transport::Channel* channel = peer->channels.find(join.kind);
@@ -617,13 +631,15 @@ void EngineImpl::publish(const std::shared_ptr<PeerImpl>& peer) {
   peer->start_control();
   {
     // It leaves joining_ and enters peers_ in one step, so it is counted all along; a peer
-    // that closed while joining (its client came and went) is not brought back.
+    // that closed while joining (its client came and went) is not brought back. It was
+    // admitted all the same, here or by peer_closed() if that took it out of joining_ first.
     std::lock_guard lock(mu_);
-    std::erase_if(joining_, [&](const auto& j) { return j.second.peer == peer; });
+    if (std::erase_if(joining_, [&](const auto& j) { return j.second.peer == peer; }) != 0) {
+      ++admitted_;
+    }
     if (peer->lost.load()) return;
     peers_.push_back(peer);
     accepted_.push_back(peer);
-    ++admitted_;
   }
   accept_cv_.notify_all();
 }

@@ -116,6 +116,9 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
                    Clock::time_point deadline);
   std::shared_ptr<PeerImpl> find_joining(const engine::Token& token);
+  // The client is told one more of its side connections joined (`delta` 1), or that was
+  // not sent after all (-1).
+  void told_joined(const engine::Token& token, int delta);
   // A side connection joined; the peer is published once all of them did.
   void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join, core::Fd fd);
   // A peer that connected to us is ready: accept() returns it.
@@ -168,6 +171,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
     int joined = 0;
     int expected = 0;  // side connections of its channels
     Clock::time_point deadline;
+    int told = 0;  // JOIN_OKs queued: once all are, the client may use the peer and leave
   };
   std::vector<std::pair<engine::Token, Joining>> joining_;
   std::vector<std::shared_ptr<PeerImpl>> connecting_;  // in connect(), channels connected

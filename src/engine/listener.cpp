@@ -378,7 +378,12 @@ Status Listener::on_join(Handshake& h, std::span<const uint8_t> body) {
   h.peer = engine_.find_joining(h.join.token);
   if (!h.peer) return {ErrorCode::kProtocol, "join: unknown session"};
   h.is_stream = true;
-  if (Status s = queue(h, engine::encode_empty(FrameType::kJoinOk)); !s.ok()) return s;
+  // Counted before it leaves: the client may use the peer and close it before we go on.
+  engine_.told_joined(h.join.token, 1);
+  if (Status s = queue(h, engine::encode_empty(FrameType::kJoinOk)); !s.ok()) {
+    engine_.told_joined(h.join.token, -1);
+    return s;
+  }
   return finish_replies(h);
 }
 
