@@ -303,17 +303,19 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
       }
       continue;
     }
-    // "<count> <size> <window>": receive `count` messages.
+    // "<count> <size> <window> <same area>": receive `count` messages, `window` receives
+    // posted, each into its own slot or (same area, as ib_send_bw posts them) all into the first.
     uint64_t count = 0, size = 0, window = 0;
-    read_fields(cmd, count, size, window);
+    bool same_area = false;
+    read_fields(cmd, count, size, window, same_area);
     refuse_if(size == 0 || size > bytes || window == 0, "send: size " + std::to_string(size) +
                                                             " or window " + std::to_string(window) +
                                                             " out of range");
-    uint64_t slots = std::min(window, bytes / size);
+    uint64_t slots = same_area ? 1 : std::min(window, bytes / size);
     std::deque<std::pair<Future, uint64_t>> posted;
     uint64_t next = 0;
     for (uint64_t done = 0; done < count;) {
-      while (next < count && posted.size() < slots) {
+      while (next < count && posted.size() < (same_area ? window : slots)) {
         uint64_t slot = next % slots;
         posted.emplace_back(peer.recv(kTagData, region, slot * size, size), slot);
         ++next;
@@ -514,7 +516,7 @@ struct Initiator {
     if (op == "pingpong") return pingpong(size, iters);
     if (op == "send") {
       mail.send(kTagSetup, std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
-                               std::to_string(o.concurrency));
+                               std::to_string(o.concurrency) + " " + (o.same_area ? "1" : "0"));
       fill(buf.data(), size, size);
       // Sends reuse one source slot, so every message carries the pattern the target checks.
     }

@@ -48,7 +48,7 @@ struct BenchOptions {
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;
   bool prepared = false;   // write, read, write_imm and pingpong post batches prepared once
-  bool same_area = false;  // write, read, write_imm: every op in flight uses the first area
+  bool same_area = false;  // every op in flight (and the target's receives) uses the first area
   // write, read: batches of this many entries of each size at scattered offsets, each run
   // beside one contiguous transfer of the same bytes (ratio and submission cost printed).
   std::optional<int> scatter;
