@@ -26,8 +26,10 @@ constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 6: transports set themselves up: HELLO_ACK names the peer's channels, CHANNEL_ADDRESSES
 // carries each one's opaque address, JOIN names its channel; the MACs cover offer and choice.
 // 7: HELLO and HELLO_ACK carry each side's locality (host id, process), which decides the
-// transports each side offers the other; the MACs cover it.
-constexpr uint16_t kProtocolVersion = 7;
+// transports each side offers the other; the MACs cover it. 8: compact verbs messages (an eager
+// message whose tag fits 32 bits goes as SEND_WITH_IMM of its payload alone, no header), named
+// in ACKs by count.
+constexpr uint16_t kProtocolVersion = 8;
 // Transports a peer may offer (and so channels a peer may have).
 constexpr std::size_t kMaxOfferedTransports = 8;
 

@@ -186,6 +186,55 @@ TEST_F(Verbs, EagerMessagesInFlightAreEachAcknowledged) {
   ASSERT_TRUE(back.wait(kWait).ok());
 }
 
+// Eager messages with tags below 2^32 go compact (no header, the tag in the immediate, ACKed by
+// count), the others with a header (ACKed by op id). Interleaved, with refusals of both kinds
+// and messages nobody receives yet, each send learns its own outcome and each receive gets its
+// own bytes.
+TEST_F(Verbs, CompactAndHeaderedMessagesInterleavedKeepTheirOwnOutcomes) {
+  constexpr int kMessages = 48;
+  constexpr uint64_t kSize = 64 << 10;
+  constexpr uint64_t kSmallTag = 13, kWideTag = (uint64_t{1} << 32) + 13;
+  Buffer src(p.initiator, kSize * kMessages, Access::kLocal, 42);
+  Buffer dst(p.target, kSize * kMessages, Access::kLocal, 43);
+  auto tag_of = [&](int i) { return i % 3 == 0 ? kWideTag : kSmallTag; };
+  auto size_of = [&](int i) { return i % 4 == 1 ? kSize : static_cast<uint64_t>(1 + i * 97); };
+  auto truncated = [](int i) { return i == 7 || i == 9; };  // 7 compact, 9 with a header
+  std::vector<Future> recvs(kMessages), sends;
+  // The first half's receives are posted first; the second half arrives unexpected.
+  for (int i = 0; i < kMessages / 2; ++i)
+    recvs[i] = p.target_peer.recv(tag_of(i), dst.region, i * kSize, truncated(i) ? 10 : kSize);
+  for (int i = 0; i < kMessages; ++i)
+    sends.push_back(p.peer.send(tag_of(i), src.region, i * kSize, size_of(i)));
+  for (int i = kMessages / 2; i < kMessages; ++i)
+    recvs[i] = p.target_peer.recv(tag_of(i), dst.region, i * kSize, kSize);
+  for (int i = 0; i < kMessages; ++i) {
+    SCOPED_TRACE(i);
+    Status sent = sends[i].wait(kWait), received = recvs[i].wait(kWait);
+    uint64_t landed = truncated(i) ? 10 : size_of(i);
+    if (truncated(i)) {
+      EXPECT_EQ(sent.code(), ErrorCode::kTruncated) << sent.to_string();
+      EXPECT_EQ(received.code(), ErrorCode::kTruncated) << received.to_string();
+    } else {
+      ASSERT_TRUE(sent.ok()) << sent.to_string();
+      ASSERT_TRUE(received.ok()) << received.to_string();
+      EXPECT_EQ(recvs[i].bytes(), size_of(i));
+    }
+    EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, landed));
+  }
+  EXPECT_EQ(p.target_peer.stats().channel(TransportKind::kVerbs)->messages_received,
+            static_cast<uint64_t>(kMessages));
+  // The largest compact message and an empty one.
+  Future largest = p.target_peer.recv(kSmallTag, dst.region, 0, 65552);
+  ASSERT_TRUE(p.peer.send(kSmallTag, src.region, 3, 65552).wait(kWait).ok());
+  ASSERT_TRUE(largest.wait(kWait).ok()) << largest.status().to_string();
+  EXPECT_EQ(largest.bytes(), 65552u);
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 3, dst.bytes.data(), 65552));
+  Future empty = p.target_peer.recv(0, dst.region, 0, 64);
+  ASSERT_TRUE(p.peer.send(0, src.region, 0, 0).wait(kWait).ok());
+  ASSERT_TRUE(empty.wait(kWait).ok());
+  EXPECT_EQ(empty.bytes(), 0u);
+}
+
 // A large message: announced, then written by the sender straight into a posted receive buffer
 // that grants remote write (where the receiver allows zero-copy), or sent in chunks and copied;
 // with no receive posted, buffered at the receiver as over TCP.

@@ -80,6 +80,53 @@ TEST(MsgHeader, RoundTripsAndRejectsDamage) {
   EXPECT_EQ(MsgHeader::decode({bytes, sizeof bytes}, d).code(), ErrorCode::kProtocol);
 }
 
+MsgHeader ack(uint16_t status, uint64_t compact, std::array<uint64_t, 4> ids) {
+  MsgHeader h;
+  h.type = MsgType::kAck;
+  h.status = status;
+  h.tag = compact;
+  h.id = ids[0];
+  h.a = ids[1];
+  h.b = ids[2];
+  h.c = ids[3];
+  return h;
+}
+
+TEST(AckNames, NameMessagesByIdAndCompactOnesByCount) {
+  AckNames n;
+  ASSERT_TRUE(AckNames::decode(ack(0, 0, {5, 6, 0, 0}), n).ok());
+  EXPECT_EQ(n.count, 2u);
+  EXPECT_EQ(n.ids[1], 6u);
+  EXPECT_EQ(n.compact, 0u);
+  ASSERT_TRUE(AckNames::decode(ack(0, 7, {0, 0, 0, 0}), n).ok());
+  EXPECT_EQ(n.count, 0u);
+  EXPECT_EQ(n.compact, 7u);
+  ASSERT_TRUE(AckNames::decode(ack(0, 3, {1, 2, 3, 4}), n).ok());
+  EXPECT_EQ(n.count, 4u);
+  EXPECT_EQ(n.compact, 3u);
+  // An error names one message, by id or as the next compact one.
+  auto truncated = static_cast<uint16_t>(ErrorCode::kTruncated);
+  ASSERT_TRUE(AckNames::decode(ack(truncated, 0, {9, 0, 0, 0}), n).ok());
+  EXPECT_EQ(n.count, 1u);
+  ASSERT_TRUE(AckNames::decode(ack(truncated, 1, {0, 0, 0, 0}), n).ok());
+  EXPECT_EQ(n.compact, 1u);
+}
+
+TEST(AckNames, RejectGapsEmptyListsAndErrorsNamingSeveral) {
+  auto truncated = static_cast<uint16_t>(ErrorCode::kTruncated);
+  AckNames n;
+  n.compact = 99;
+  for (const MsgHeader& bad :
+       {ack(0, 0, {0, 0, 0, 0}), ack(0, 0, {1, 0, 2, 0}), ack(0, 1, {0, 3, 0, 0}),
+        ack(truncated, 0, {0, 0, 0, 0}), ack(truncated, 0, {1, 2, 0, 0}),
+        ack(truncated, 1, {1, 0, 0, 0}), ack(truncated, 2, {0, 0, 0, 0}),
+        // Counts that would wrap to one.
+        ack(truncated, ~uint64_t{0}, {1, 1, 0, 0})}) {
+    EXPECT_EQ(AckNames::decode(bad, n).code(), ErrorCode::kProtocol);
+  }
+  EXPECT_EQ(n.compact, 99u) << "a rejected ACK changes nothing";
+}
+
 }  // namespace
 }  // namespace ferry::transport::verbs
 

@@ -390,6 +390,19 @@ void VerbsChannel::post_imm_locked(Lane& lane, int index, OpState* op) {
 
 void VerbsChannel::build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr,
                                  ibv_sge* sges) {
+  if (msg.compact) {
+    wr = {};
+    wr.wr_id = wr_id(kWrMsg, index);
+    wr.sg_list = sges;
+    wr.num_sge = msg.payload_length > 0 ? 1 : 0;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(static_cast<uint32_t>(msg.header.tag));
+    sges[0].addr = reinterpret_cast<uint64_t>(msg.payload);
+    sges[0].length = msg.payload_length;
+    sges[0].lkey = msg.payload_lkey;
+    if (msg.payload_length <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    return;
+  }
   auto slot = static_cast<std::size_t>(seq % static_cast<uint64_t>(send_depth_));
   uint8_t* hdr =
       headers_.get() + (static_cast<std::size_t>(index) * send_depth_ + slot) * kHeaderSlot;
@@ -679,7 +692,7 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&),
 int VerbsChannel::poll_send() { return drain(send_cq_, &VerbsChannel::handle_send_completion); }
 int VerbsChannel::poll_recv(int budget) {
   int handled = drain(recv_cq_, &VerbsChannel::handle_recv_completion, budget);
-  // The ACKs of the eager messages just taken go out together, one SEND for up to kAckIds.
+  // The ACKs of the eager messages just taken go out together, one SEND for up to kAckBatch.
   if (acks_waiting_.load(std::memory_order_relaxed)) send_acks();
   return handled;
 }
@@ -751,6 +764,8 @@ void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     host_.deliver_imm(*link_, ntohl(wc.imm_data));
+  } else if (wc.opcode == IBV_WC_RECV && (wc.wc_flags & IBV_WC_WITH_IMM) != 0) {
+    on_compact(ntohl(wc.imm_data), dev_.slot_data(slot), wc.byte_len);
   } else if (wc.opcode == IBV_WC_RECV) {
     const uint8_t* data = dev_.slot_data(slot);
     uint32_t length = std::min(wc.byte_len, VerbsDevice::kRecvSlotBytes);

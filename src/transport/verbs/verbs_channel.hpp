@@ -132,6 +132,11 @@ class VerbsChannel final : public Channel,
   void post_send_op(OpState* op);
   void handle_message(const MsgHeader& h, const uint8_t* payload, uint32_t length);
   void on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t length);
+  // A SEND_WITH_IMM: an eager message's payload alone, its tag in the immediate.
+  void on_compact(uint32_t tag, const uint8_t* payload, uint32_t length);
+  // Matches, buffers or refuses an eager message; `sender_op` names it in the ACK
+  // (kCompactMessage: the next compact one).
+  void take_eager(uint64_t tag, uint64_t sender_op, const uint8_t* payload, uint32_t length);
   void on_rts(const MsgHeader& h);
   void on_cts(const MsgHeader& h);
   void on_chunk(const MsgHeader& h, const uint8_t* payload, uint32_t length);
@@ -146,7 +151,7 @@ class VerbsChannel final : public Channel,
                       uint64_t length);
   void finish_staged(const Incoming& in);
   // Answers an eager message or a refused announcement. A message taken without error is
-  // acknowledged with others (up to kAckIds in one ACK): after the receive completions being
+  // acknowledged with others (up to kAckBatch in one ACK): after the receive completions being
   // handled, or before any other message this side sends, whichever comes first.
   void ack(uint64_t sender_op, const Status& status);
   void queue_acks_locked(Lane& lane);

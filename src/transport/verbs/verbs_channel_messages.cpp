@@ -18,7 +18,8 @@ void VerbsChannel::send_message(OutMsg msg) {
   std::lock_guard lock(lane.mu);
   if (lane.dead) return;  // closing: the close path fails what waits on it
   // ACKs due go first: whatever this side sends after taking a message follows its ACK.
-  if (lane.acks_due_count > 0) queue_acks_locked(lane);
+  if (lane.acks_due_count > 0 || lane.compact_acks_due > 0) queue_acks_locked(lane);
+  if (msg.compact) lane.compact_sent.push_back(msg.header.id);  // the outbox keeps wire order
   lane.outbox.push_back(std::move(msg));
   pump_locked(lane, 0);
 }
@@ -35,6 +36,7 @@ void VerbsChannel::post_send_op(OpState* op) {
     msg.payload = e.local;
     msg.payload_length = static_cast<uint32_t>(e.length);
     msg.payload_lkey = dev_.lkey(e.local_region);
+    msg.compact = op->tag <= UINT32_MAX;
   } else {
     msg.header.type = MsgType::kRts;
     msg.header.a = e.length;
@@ -49,8 +51,12 @@ void VerbsChannel::ack(uint64_t sender_op, const Status& status) {
     Lane& lane = *lanes_[0];
     std::lock_guard lock(lane.mu);
     if (lane.dead) return;
-    lane.acks_due[lane.acks_due_count++] = sender_op;
-    if (lane.acks_due_count < kAckIds) {
+    if (sender_op == kCompactMessage) {
+      ++lane.compact_acks_due;
+    } else {
+      lane.acks_due[lane.acks_due_count++] = sender_op;
+    }
+    if (lane.acks_due_count + lane.compact_acks_due < kAckBatch) {
       acks_waiting_.store(true, std::memory_order_relaxed);
       return;
     }
@@ -60,30 +66,33 @@ void VerbsChannel::ack(uint64_t sender_op, const Status& status) {
   }
   OutMsg msg;
   msg.header.type = MsgType::kAck;
-  msg.header.id = sender_op;
+  msg.header.id = sender_op;  // or the next compact message:
+  msg.header.tag = sender_op == kCompactMessage ? 1 : 0;
   msg.header.status = static_cast<uint16_t>(status.code());
-  if (!status.ok()) msg.text = status.message();
+  msg.text = status.message();
   send_message(std::move(msg));
 }
 
 void VerbsChannel::queue_acks_locked(Lane& lane) {
   OutMsg msg;
   msg.header.type = MsgType::kAck;
+  msg.header.tag = lane.compact_acks_due;
   const auto& ids = lane.acks_due;
-  msg.header.id = ids[0];
   std::size_t n = lane.acks_due_count;
+  msg.header.id = n > 0 ? ids[0] : 0;
   msg.header.a = n > 1 ? ids[1] : 0;
   msg.header.b = n > 2 ? ids[2] : 0;
   msg.header.c = n > 3 ? ids[3] : 0;
   lane.outbox.push_back(std::move(msg));
   lane.acks_due_count = 0;
+  lane.compact_acks_due = 0;
   acks_waiting_.store(false, std::memory_order_relaxed);
 }
 
 void VerbsChannel::send_acks() {
   Lane& lane = *lanes_[0];
   std::lock_guard lock(lane.mu);
-  if (lane.dead || lane.acks_due_count == 0) return;
+  if (lane.dead || (lane.acks_due_count == 0 && lane.compact_acks_due == 0)) return;
   queue_acks_locked(lane);
   pump_locked(lane, 0);
 }
@@ -110,21 +119,34 @@ void VerbsChannel::handle_message(const MsgHeader& h, const uint8_t* payload, ui
 }
 
 void VerbsChannel::on_eager(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
-  Matcher::Arrival a = link_->matcher.arrive(h.tag, length);
+  if (h.id == kCompactMessage) return protocol_error("EAGER without the sender's op id");
+  take_eager(h.tag, h.id, payload, length);
+}
+
+void VerbsChannel::on_compact(uint32_t tag, const uint8_t* payload, uint32_t length) {
+  if (length > kMessagePayload) {
+    return protocol_error("compact message of " + std::to_string(length) + " bytes");
+  }
+  take_eager(tag, kCompactMessage, payload, length);
+}
+
+void VerbsChannel::take_eager(uint64_t tag, uint64_t sender_op, const uint8_t* payload,
+                              uint32_t length) {
+  Matcher::Arrival a = link_->matcher.arrive(tag, length);
   if (!a.error.ok()) {
-    ack(h.id, a.error);
+    ack(sender_op, a.error);
     return;
   }
   messages.received.fetch_add(1, std::memory_order_relaxed);
   if (a.recv == nullptr) {
     std::vector<uint8_t> buffer(payload, payload + length);  // the bytes are here: copied now
-    ack(h.id, {});
-    link_->matcher.commit(h.tag, std::move(buffer));
+    ack(sender_op, {});
+    link_->matcher.commit(tag, std::move(buffer));
     return;
   }
   uint64_t capacity = a.recv->entries[0].length;
   // The ACK goes out before the receiver can run: anything it sends next follows it.
-  ack(h.id, length > capacity ? Matcher::truncated_send(h.tag, capacity) : Status());
+  ack(sender_op, length > capacity ? Matcher::truncated_send(tag, capacity) : Status());
   Matcher::deliver(a.recv, payload, length);
   a.recv->finish_posted();
 }
@@ -275,18 +297,25 @@ void VerbsChannel::finish_staged(const Incoming& in) {
 }
 
 void VerbsChannel::on_ack(const MsgHeader& h, const uint8_t* payload, uint32_t length) {
-  // An error names one message; `ok` names up to kAckIds (id, then a, b, c up to the first 0).
-  const std::array<uint64_t, kAckIds> ids{h.id, h.a, h.b, h.c};
+  AckNames names;
+  if (Status s = AckNames::decode(h, names); !s.ok()) return protocol_error(s.message());
   auto code = static_cast<ErrorCode>(h.status);
-  std::size_t n = 1;
-  if (code == ErrorCode::kOk) {
-    while (n < kAckIds && ids[n] != 0) ++n;
+  for (std::size_t i = 0; i < names.count; ++i) {
+    if (!take_ack(names.ids[i], code, payload, length)) return;
   }
-  for (std::size_t i = n; i < kAckIds; ++i) {
-    if (ids[i] != 0) return protocol_error("ACK with a malformed list of messages");
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!take_ack(ids[i], code, payload, length)) return;
+  Lane& lane = *lanes_[0];
+  for (uint64_t i = 0; i < names.compact; ++i) {
+    uint64_t id = 0;
+    {
+      std::lock_guard lock(lane.mu);
+      if (!lane.compact_sent.empty()) {
+        id = lane.compact_sent.front();
+        lane.compact_sent.pop_front();
+      }
+    }
+    // Completed outside the lock: a callback may send.
+    if (id == kCompactMessage) return protocol_error("ACK for no message sent");
+    if (!take_ack(id, code, payload, length)) return;
   }
 }
 

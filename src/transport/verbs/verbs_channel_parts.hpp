@@ -23,11 +23,15 @@ constexpr uint32_t kMessagePayload = VerbsDevice::kRecvSlotBytes - MsgHeader::kS
 // writes (docs/performance.md), and within every device's largest message (rxe: 8 MiB).
 constexpr uint64_t kZeroCopySlice = 1 << 20;
 
-// Sender op ids one ACK carries (in its id, a, b and c fields). Batching the ACKs of eager
-// messages taken in one sweep of receive completions saves a SEND and its RC ACK per message:
-// at 64 KiB, where a message is 16 packets, each saved pair is worth ~10% of send bandwidth
-// under Soft-RoCE.
-constexpr std::size_t kAckIds = 4;
+// Eager messages the receiver lets wait for one ACK (AckNames: by op id, compact ones by
+// count). Batching the ACKs of eager messages taken in one sweep of receive completions saves a
+// SEND and its RC ACK per message: at 64 KiB, where a message is 16 packets, each saved pair is
+// worth ~10% of send bandwidth under Soft-RoCE.
+constexpr std::size_t kAckBatch = AckNames::kMaxIds;
+
+// Op ids are never 0: a compact message's sender op, which the message does not carry (the
+// receiver names such messages by count, in order).
+constexpr uint64_t kCompactMessage = 0;
 
 // A message waiting for a send-queue slot on lane 0.
 struct VerbsChannel::OutMsg {
@@ -35,6 +39,9 @@ struct VerbsChannel::OutMsg {
   const uint8_t* payload = nullptr;  // EAGER: the user's bytes (registered)
   uint32_t payload_length = 0;
   uint32_t payload_lkey = 0;
+  // EAGER whose tag fits the immediate: the payload alone, as SEND_WITH_IMM (docs/protocol.md,
+  // "Verbs messages"). A 64 KiB payload is then 16 packets of a 4 KiB MTU, not 17.
+  bool compact = false;
   std::string text;              // ACK: the error's text
   OpState* completes = nullptr;  // FIN: the send its delivery completes
 };
@@ -74,9 +81,14 @@ struct VerbsChannel::Lane {
   OpState* tail = nullptr;
   std::vector<OpState*> imm_pending;  // ops whose notification waits for a free slot
   core::Ring<OutMsg> outbox;          // messages waiting for a free slot (lane 0)
-  // Lane 0: the sender op ids of eager messages taken without error whose ACK is not queued.
-  std::array<uint64_t, kAckIds> acks_due{};
+  // Lane 0: the sender op ids of eager messages taken without error whose ACK is not queued,
+  // and how many compact ones.
+  std::array<uint64_t, AckNames::kMaxIds> acks_due{};
   std::size_t acks_due_count = 0;
+  uint64_t compact_acks_due = 0;
+  // Lane 0: the op ids of our compact messages, in the order they went out, until ACKed. The
+  // receiver takes them in that order and names them by count.
+  core::Ring<uint64_t> compact_sent;
   core::Ring<Signaled> signaled;  // in posting order; RC completes them in that order
   uint64_t posted = 0;            // requests posted so far: picks the next header slot
   bool dead = false;              // in error or draining: post nothing more

@@ -41,4 +41,24 @@ Status MsgHeader::decode(std::span<const uint8_t> bytes, MsgHeader& out) {
   return {};
 }
 
+Status AckNames::decode(const MsgHeader& ack, AckNames& out) {
+  AckNames n;
+  n.ids = {ack.id, ack.a, ack.b, ack.c};
+  while (n.count < kMaxIds && n.ids[n.count] != 0) ++n.count;
+  for (std::size_t i = n.count; i < kMaxIds; ++i) {
+    if (n.ids[i] != 0) return {ErrorCode::kProtocol, "ACK with a gap in its list of messages"};
+  }
+  n.compact = ack.tag;
+  bool ok = ack.status == static_cast<uint16_t>(ErrorCode::kOk);
+  bool one = (n.count == 1 && n.compact == 0) || (n.count == 0 && n.compact == 1);
+  if (ok ? n.count == 0 && n.compact == 0 : !one) {
+    return {ErrorCode::kProtocol, ok ? "ACK naming no message"
+                                     : "error ACK naming " + std::to_string(n.count) +
+                                           " messages by id and " + std::to_string(n.compact) +
+                                           " compact ones, not one"};
+  }
+  out = n;
+  return {};
+}
+
 }  // namespace ferry::transport::verbs

@@ -2,6 +2,8 @@
 // fixed header; EAGER and CHUNK carry payload after it, ACK an error text.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -33,6 +35,18 @@ struct MsgHeader {
   void encode(uint8_t* out) const;
   // Rejects short input, unknown types and a set reserved byte.
   static Status decode(std::span<const uint8_t> bytes, MsgHeader& out);
+};
+
+// The messages an ACK names: with status `ok`, up to kMaxIds by the sender's op id (id, then a,
+// b, c up to the first 0; op ids are never 0) and the next `compact` compact messages (its tag
+// field), at least one in all; with an error, exactly one.
+struct AckNames {
+  static constexpr std::size_t kMaxIds = 4;
+  std::array<uint64_t, kMaxIds> ids{};
+  std::size_t count = 0;  // of ids
+  uint64_t compact = 0;
+  // Rejects a list with a gap, one naming nothing, and an error naming more than one.
+  static Status decode(const MsgHeader& ack, AckNames& out);
 };
 
 }  // namespace ferry::transport::verbs
