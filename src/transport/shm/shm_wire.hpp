@@ -81,6 +81,12 @@ struct Entry {
 };
 constexpr std::size_t kEntryBytes = 48;
 
+// An Entry's address, for process_vm_readv's remote iovec: never dereferenced here (the kernel
+// reads it in the peer's address space).
+inline void* peer_address(uint64_t address) {
+  return reinterpret_cast<void*>(address);  // NOLINT(performance-no-int-to-ptr)
+}
+
 // Slices one record carries at most: one header and one answer for a scattered batch's small
 // entries (TCP groups as many), and one process_vm_readv's iovecs (Linux takes 1024).
 constexpr uint32_t kMaxEntries = 256;
