@@ -1,6 +1,6 @@
-// What the two halves of VerbsChannel share: verbs_channel.cpp (set-up, one-sided posting,
-// completions, closing) and verbs_channel_messages.cpp (tagged messages: eager, rendezvous,
-// zero-copy). Private to the verbs transport.
+// What the parts of VerbsChannel share: verbs_channel_setup.cpp (its address, set-up,
+// closing), verbs_channel.cpp (one-sided posting, completions) and verbs_channel_messages.cpp
+// (tagged messages: eager, compact, rendezvous, zero-copy). Private to the verbs transport.
 #pragma once
 
 #include <array>
@@ -28,6 +28,18 @@ constexpr uint64_t kZeroCopySlice = 1 << 20;
 // SEND and its RC ACK per message: at 64 KiB, where a message is 16 packets, each saved pair is
 // worth ~10% of send bandwidth under Soft-RoCE.
 constexpr std::size_t kAckBatch = AckNames::kMaxIds;
+
+// Completions taken from a queue per ibv_poll_cq.
+constexpr int kPollBatch = 32;
+// A message header plus the longest error text an ACK carries.
+constexpr uint32_t kHeaderSlot = 256;
+// What a work request's id says: its kind and queue pair (lane).
+enum WrKind : uint64_t { kWrOp = 1, kWrImm = 2, kWrMsg = 3, kWrDrain = 4 };
+inline uint64_t wr_id(WrKind kind, int lane) {
+  return (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(lane) << 48);
+}
+inline int lane_of(uint64_t id) { return static_cast<int>((id >> 48) & 0xff); }
+inline WrKind kind_of(uint64_t id) { return static_cast<WrKind>(id >> 56); }
 
 // Op ids are never 0: a compact message's sender op, which the message does not carry (the
 // receiver names such messages by count, in order).
