@@ -189,6 +189,9 @@ struct ChannelStats {
   // Of those received, the ones the sender wrote straight into the receive buffer (verbs: a
   // large message into a region that grants remote write); the others were copied.
   uint64_t messages_zero_copy = 0;
+  // Of those received, the ones that came without a header (verbs: an eager message whose tag
+  // fits 32 bits, its tag in the immediate).
+  uint64_t messages_compact = 0;
 };
 
 struct PeerStats {

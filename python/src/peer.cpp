@@ -198,6 +198,7 @@ void bind_peer(nb::module_& m) {
                        ch["messages_sent"] = c.messages_sent;
                        ch["messages_received"] = c.messages_received;
                        ch["messages_zero_copy"] = c.messages_zero_copy;
+                       ch["messages_compact"] = c.messages_compact;
                        channels[std::string(to_string(c.transport)).c_str()] = ch;
                      }
                      d["channels"] = channels;

@@ -93,7 +93,8 @@ PeerStats Peer::stats() const {
   if (!impl_) return s;
   for (const auto& c : impl_->channels.all()) {
     s.channels.push_back({c->kind(), c->lanes(), c->messages.sent.load(),
-                          c->messages.received.load(), c->messages.zero_copy.load()});
+                          c->messages.received.load(), c->messages.zero_copy.load(),
+                          c->messages.compact.load()});
   }
   transport::Matcher::Usage unexpected = impl_->link->matcher.usage();
   s.unexpected_messages = unexpected.messages;

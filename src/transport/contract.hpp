@@ -47,6 +47,7 @@ struct MessageCounters {
   std::atomic<uint64_t> sent{0};       // acknowledged as taken (whole or truncated)
   std::atomic<uint64_t> received{0};   // taken by a receive or buffered
   std::atomic<uint64_t> zero_copy{0};  // of those, placed by the sender's RDMA WRITE
+  std::atomic<uint64_t> compact{0};    // of those, eager ones that came without a header
 };
 
 // State of one peer shared by the engine and the peer's channel.

@@ -193,7 +193,8 @@ TEST_F(Verbs, EagerMessagesInFlightAreEachAcknowledged) {
 TEST_F(Verbs, CompactAndHeaderedMessagesInterleavedKeepTheirOwnOutcomes) {
   constexpr int kMessages = 48;
   constexpr uint64_t kSize = 64 << 10;
-  constexpr uint64_t kSmallTag = 13, kWideTag = (uint64_t{1} << 32) + 13;
+  // The largest tag that goes compact, and the smallest that does not.
+  constexpr uint64_t kSmallTag = UINT32_MAX, kWideTag = uint64_t{1} << 32;
   Buffer src(p.initiator, kSize * kMessages, Access::kLocal, 42);
   Buffer dst(p.target, kSize * kMessages, Access::kLocal, 43);
   auto tag_of = [&](int i) { return i % 3 == 0 ? kWideTag : kSmallTag; };
@@ -221,8 +222,10 @@ TEST_F(Verbs, CompactAndHeaderedMessagesInterleavedKeepTheirOwnOutcomes) {
     }
     EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, landed));
   }
-  EXPECT_EQ(p.target_peer.stats().channel(TransportKind::kVerbs)->messages_received,
-            static_cast<uint64_t>(kMessages));
+  const ChannelStats& target = *p.target_peer.stats().channel(TransportKind::kVerbs);
+  EXPECT_EQ(target.messages_received, static_cast<uint64_t>(kMessages));
+  EXPECT_EQ(target.messages_compact, static_cast<uint64_t>(kMessages - kMessages / 3))
+      << "every message with the small tag, none with the wide one";
   // The largest compact message and an empty one.
   Future largest = p.target_peer.recv(kSmallTag, dst.region, 0, 65552);
   ASSERT_TRUE(p.peer.send(kSmallTag, src.region, 3, 65552).wait(kWait).ok());
@@ -233,6 +236,41 @@ TEST_F(Verbs, CompactAndHeaderedMessagesInterleavedKeepTheirOwnOutcomes) {
   ASSERT_TRUE(p.peer.send(0, src.region, 0, 0).wait(kWait).ok());
   ASSERT_TRUE(empty.wait(kWait).ok());
   EXPECT_EQ(empty.bytes(), 0u);
+}
+
+// Refusals among compact messages whose ACKs are batched: with nobody receiving, the limit on
+// unmatched messages refuses some; each send learns its own outcome, in order.
+TEST(VerbsMessages, CompactMessagesRefusedAmongTakenOnesFailAlone) {
+  Config c = test_config();
+  c.max_unexpected_messages = 5;
+  Pair p(c, c);
+  ASSERT_EQ(p.peer.transport(), TransportKind::kVerbs);
+  constexpr int kMessages = 12;
+  Buffer src(p.initiator, 4096, Access::kLocal, 44);
+  std::vector<Future> sends;
+  for (int i = 0; i < kMessages; ++i) sends.push_back(p.peer.send(21, src.region, 0, 100 + i));
+  for (int i = 0; i < kMessages; ++i) {
+    SCOPED_TRACE(i);
+    Status s = sends[i].wait(kWait);
+    if (i < 5) {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    } else {
+      EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+    }
+  }
+  EXPECT_EQ(p.target_peer.stats().channel(TransportKind::kVerbs)->messages_compact,
+            static_cast<uint64_t>(kMessages));
+  // What was taken is intact and in order; the connection still works both ways.
+  Buffer dst(p.target, 4096, Access::kLocal, 45);
+  for (int i = 0; i < 5; ++i) {
+    Future r = p.target_peer.recv(21, dst.region, 0, 4096);
+    ASSERT_TRUE(r.wait(kWait).ok()) << r.status().to_string();
+    EXPECT_EQ(r.bytes(), static_cast<uint64_t>(100 + i));
+    EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), 100 + i));
+  }
+  Future back = p.peer.recv(22, src.region, 0, 64);
+  ASSERT_TRUE(p.target_peer.send(22, dst.region, 0, 64).wait(kWait).ok());
+  ASSERT_TRUE(back.wait(kWait).ok());
 }
 
 // A large message: announced, then written by the sender straight into a posted receive buffer

@@ -279,7 +279,9 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
              "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
   b.add_flag("--same-area", o.same_area,
              "Operations in flight, and the receives the target posts for send, all use the same "
-             "buffer area, as perftest's do (default: one area each)");
+             "buffer area, as perftest's do (default: one area each). Messages then overwrite "
+             "each other before the target checks them: it checks their lengths and samples "
+             "of the area");
   add(b, "--web", o.web, address(true),
       "Serve a live gauge of the rate on HOST:PORT (a page for the browser; initiator only)")
       ->type_name("HOST:PORT")

@@ -24,7 +24,7 @@
 // progress thread's epoll set. Whoever polls handles every record (requests too), one thread
 // at a time (polling_).
 //
-// Set-up (docs/architecture.md, "Same-host transport"): the listener binds an abstract socket
+// Set-up (docs/architecture.md, "Same-host specifics"): the listener binds an abstract socket
 // with a random name, sent only over the (authenticated) control connection; the dialer
 // connects, and both check the other's pid with SO_PEERCRED and prove cross-memory attach by
 // reading a nonce from the other's memory. Each side sends its ring and bell over the socket

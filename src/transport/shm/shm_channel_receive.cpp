@@ -1,4 +1,4 @@
-// ShmChannel, receive side (docs/architecture.md, "Same-host transport"): records taken from
+// ShmChannel, receive side (docs/architecture.md, "Same-host specifics"): records taken from
 // the peer's ring by whichever thread polls it, requests served (writes pulled, reads granted,
 // messages matched and pulled into posted receives) and answers completing our ops. Set-up, the
 // send side and closing are in shm_channel.cpp.

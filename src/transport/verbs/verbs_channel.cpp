@@ -153,7 +153,9 @@ void VerbsChannel::build_message(int index, uint64_t seq, const OutMsg& msg, ibv
     sges[0].addr = reinterpret_cast<uint64_t>(msg.payload);
     sges[0].length = msg.payload_length;
     sges[0].lkey = msg.payload_lkey;
-    if (msg.payload_length <= max_inline_) wr.send_flags |= IBV_SEND_INLINE;
+    if (msg.payload_length > 0 && msg.payload_length <= max_inline_) {
+      wr.send_flags |= IBV_SEND_INLINE;
+    }
     return;
   }
   auto slot = static_cast<std::size_t>(seq % static_cast<uint64_t>(send_depth_));
@@ -203,8 +205,10 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
   // Messages first: acks and answers are small and unblock the peer. Each is signaled alone.
   while (n < budget && !lane.outbox.empty()) {
     ibv_send_wr& wr = wrs[n];
-    build_message(index, lane.posted + static_cast<uint64_t>(n), lane.outbox.front(), wr,
-                  &sges[2 * n]);
+    const OutMsg& msg = lane.outbox.front();
+    build_message(index, lane.posted + static_cast<uint64_t>(n), msg, wr, &sges[2 * n]);
+    // In wire order, and only once posted: an ACK names no compact message still queued.
+    if (msg.compact) lane.compact_sent.push_back(msg.header.id);
     wr.send_flags |= IBV_SEND_SIGNALED;
     chain(wr);
     OpState* completes = lane.outbox.front().completes;

@@ -1,7 +1,8 @@
 // Verbs RC transport: one-sided WRITE / READ / WRITE_WITH_IMM over reliable-connected queue
 // pairs ("lanes"), posted from the caller's thread in chains (one ibv_post_send per lane per
 // batch), selectively signaled. Tagged messages travel on lane 0 (one queue pair keeps them in
-// order): small ones as one eager SEND into the device's shared receive buffers, large ones by
+// order): small ones as one eager SEND into the device's shared receive buffers (compact: the
+// payload alone, the tag in the immediate, where the tag fits 32 bits), large ones by
 // rendezvous (RTS, the receiver's CTS, then RDMA WRITEs straight into a posted receive buffer
 // that grants remote write, or CHUNK sends copied into any other receive buffer, or into a
 // buffer of the receiver's while no receive is posted, then FIN). The receiver answers an eager
@@ -123,7 +124,8 @@ class VerbsChannel final : public Channel,
   // Posts a lone single-slice write or read on an idle lane (lane.mu held).
   void post_single_locked(Lane& lane, int index, OpState* op);
   // Builds the SEND for `msg` into `wr` (header into the lane's next header slot, payload
-  // into `sges`); `seq` is the request's position in the lane's sequence of requests.
+  // into `sges`; a compact message: SEND_WITH_IMM of the payload alone); `seq` is the
+  // request's position in the lane's sequence of requests.
   void build_message(int index, uint64_t seq, const OutMsg& msg, ibv_send_wr& wr, ibv_sge* sges);
   // The FIN that follows a large message's last byte; its delivery completes `op`.
   static OutMsg fin_of(OpState* op);

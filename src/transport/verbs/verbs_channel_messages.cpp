@@ -19,7 +19,6 @@ void VerbsChannel::send_message(OutMsg msg) {
   if (lane.dead) return;  // closing: the close path fails what waits on it
   // ACKs due go first: whatever this side sends after taking a message follows its ACK.
   if (lane.acks_due_count > 0 || lane.compact_acks_due > 0) queue_acks_locked(lane);
-  if (msg.compact) lane.compact_sent.push_back(msg.header.id);  // the outbox keeps wire order
   lane.outbox.push_back(std::move(msg));
   pump_locked(lane, 0);
 }
@@ -127,6 +126,7 @@ void VerbsChannel::on_compact(uint32_t tag, const uint8_t* payload, uint32_t len
   if (length > kMessagePayload) {
     return protocol_error("compact message of " + std::to_string(length) + " bytes");
   }
+  messages.compact.fetch_add(1, std::memory_order_relaxed);
   take_eager(tag, kCompactMessage, payload, length);
 }
 
@@ -152,6 +152,7 @@ void VerbsChannel::take_eager(uint64_t tag, uint64_t sender_op, const uint8_t* p
 }
 
 void VerbsChannel::on_rts(const MsgHeader& h) {
+  if (h.id == kCompactMessage) return protocol_error("RTS without the sender's op id");
   if (h.a <= kMessagePayload || h.a > UINT32_MAX) {
     return protocol_error("RTS for a message of " + std::to_string(h.a) + " bytes");
   }
