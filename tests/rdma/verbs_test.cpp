@@ -222,7 +222,8 @@ TEST_F(Verbs, CompactAndHeaderedMessagesInterleavedKeepTheirOwnOutcomes) {
     }
     EXPECT_EQ(0, std::memcmp(src.bytes.data() + i * kSize, dst.bytes.data() + i * kSize, landed));
   }
-  const ChannelStats& target = *p.target_peer.stats().channel(TransportKind::kVerbs);
+  PeerStats stats = p.target_peer.stats();
+  const ChannelStats& target = *stats.channel(TransportKind::kVerbs);
   EXPECT_EQ(target.messages_received, static_cast<uint64_t>(kMessages));
   EXPECT_EQ(target.messages_compact, static_cast<uint64_t>(kMessages - kMessages / 3))
       << "every message with the small tag, none with the wide one";
