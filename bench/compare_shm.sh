@@ -69,7 +69,7 @@ for run in $(seq 1 "$REPEAT"); do
   lat=$("$FERRY" bench --transport shm --memory allocate --op write,pingpong --sizes 8 --json)
   # Registered memory, small: records through the rings, the target's progress thread asleep
   # between operations (the default) or busy-polling them for 20 us after work.
-  lat_reg=$("$FERRY" bench --transport shm --op write,write_imm --sizes 8 --json)
+  lat_reg=$("$FERRY" bench --transport shm --op write,write_imm,imm_pingpong --sizes 8 --json)
   lat_busy=$("$FERRY" bench --transport shm --op write,write_imm --sizes 8 --busy-poll-us 20 \
     --json)
   # Without cross-memory attach (as where the kernel refuses it): 16 KiB pieces through the
@@ -103,7 +103,8 @@ for run in $(seq 1 "$REPEAT"); do
   rows+=" $(pick "$lat_reg" write 8 p50_us) $(pick "$lat_reg" write_imm 8 p50_us)"
   rows+=" $(pick "$lat_busy" write 8 p50_us) $(pick "$lat_busy" write_imm 8 p50_us)"
   rows+=" $(pick "$ring" write $M1 mb_per_s) $(pick "$ring" read $M1 mb_per_s)"
-  rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)$ucx_as_is"$'\n'
+  rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)$ucx_as_is"
+  rows+=" $(pick "$lat_reg" imm_pingpong 8 p50_us)"$'\n'
 done
 
 echo "$rows" | python3 -c '
@@ -111,7 +112,7 @@ import statistics, sys
 runs = [list(map(float, l.split()[1:])) for l in sys.stdin if l.strip()]
 (MC1, MC64, CMA64, MW1, MR1, MW64, MR64, CW64, CR64,
  XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP,
- RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR, UA1, UA16) = range(29)
+ RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR, UA1, UA16, IPP8) = range(30)
 def med(i): return statistics.median(r[i] for r in runs)
 def ratio(a, b): return statistics.median(r[a] / r[b] for r in runs if r[b] > 0)
 rows = [
@@ -141,4 +142,6 @@ print(f"mapped write 8 B p50 {med(LATW):.2f} us; write ping-pong 8 B p50 (half r
 print(f"registered 8 B p50: write {med(RW8):.2f} us, write_with_imm {med(RI8):.2f} us; "
       f"with --busy-poll-us 20: {med(BW8):.2f} us, {med(BI8):.2f} us (each a round trip: "
       "the notification was delivered before its answer left)")
+print(f"write_with_imm notification 8 B p50 {med(IPP8):.2f} us (imm_pingpong: half the round trip "
+      "of notifications answered, each side taking them from next_imm)")
 '

@@ -313,7 +313,9 @@ class FERRY_API Engine {
   std::optional<Peer> accept(Duration timeout);
 
   // The next write_with_imm notification, if one arrives within `timeout`. It spins for up to
-  // Config::wait_spin first, as Future::wait does, then sleeps.
+  // Config::wait_spin first, as Future::wait does, then sleeps. While it spins it polls the
+  // same-host and RDMA channels of up to 16 peers itself, so their notifications reach it
+  // without waking a progress thread; a callback (on_imm) runs on a progress thread instead.
   std::optional<ImmEvent> next_imm(Duration timeout);
   // Delivers notifications to `fn` (on a progress thread) instead of the queue.
   void on_imm(std::function<void(const ImmEvent&)> fn);

@@ -181,8 +181,16 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   std::mutex imm_mu_;
   std::condition_variable imm_cv_;
   std::deque<ImmEvent> imms_;
-  // imms_.size(), for next_imm's spin to look at without the lock.
-  std::atomic<std::size_t> imms_queued_{0};
+  // !imms_.empty(), for next_imm's spin to look at without the lock.
+  std::atomic<bool> imms_waiting_{false};
+  // The pools of the first OpPool::kMaxSpinPools peers whose channels a caller can poll, for
+  // next_imm's spin; replaced whenever peers_ changes (update_polled_locked, mu_ held).
+  struct PolledPools {
+    std::vector<std::shared_ptr<transport::OpPool>> owners;
+    std::vector<transport::OpPool*> pools;
+  };
+  std::atomic<std::shared_ptr<const PolledPools>> polled_{std::make_shared<PolledPools>()};
+  void update_polled_locked();
   std::function<void(const ImmEvent&)> imm_callback_;
 };
 

@@ -1,6 +1,7 @@
 #include "transport/op.hpp"
 
 #include <algorithm>
+#include <array>
 #include <thread>
 #include <utility>
 
@@ -264,25 +265,34 @@ bool OpPool::posted_uses_region(uint32_t region_id) const {
   return false;
 }
 
-namespace {
-// The pool this thread is inside progress() of, and how deeply: a source may be destroyed from
-// inside its own progress() (a completion callback dropped the last reference), which must not
-// wait for itself.
-struct Progressing {
+// A pool whose source this thread is inside, and the one it is nested in: a source may be
+// closed from inside a poll (a completion callback closed its peer, or another peer whose pool
+// an outer wait or spin_any() is inside), which must not wait for this thread.
+struct ProgressFrame {
   const OpPool* pool = nullptr;
-  int depth = 0;
+  const ProgressFrame* outer = nullptr;
 };
-thread_local Progressing progressing;
+namespace {
+thread_local const ProgressFrame* progressing = nullptr;
 }  // namespace
+
+ProgressSource* OpPool::enter(ProgressFrame& frame) {
+  frame = {this, progressing};
+  progressing = &frame;
+  progress_users_.fetch_add(1);
+  return progress_.load();
+}
+
+void OpPool::leave(const ProgressFrame& frame) {
+  progress_users_.fetch_sub(1);
+  progressing = frame.outer;
+}
 
 template <typename Fn>
 void OpPool::with_progress(Fn&& fn) {
-  Progressing outer = progressing;
-  progressing = {this, outer.pool == this ? outer.depth + 1 : 1};
-  progress_users_.fetch_add(1);
-  if (ProgressSource* s = progress_.load()) fn(*s);
-  progress_users_.fetch_sub(1);
-  progressing = outer;
+  ProgressFrame frame;
+  if (ProgressSource* s = enter(frame)) fn(*s);
+  leave(frame);
 }
 
 void OpPool::progress() {
@@ -290,20 +300,44 @@ void OpPool::progress() {
 }
 
 void OpPool::spin(const OpState& op, std::chrono::nanoseconds budget) {
-  bool polled = false;
-  with_progress([&](ProgressSource& s) {
-    polled = true;
-    s.spin(op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
-  });
-  if (!polled) {
-    auto until = std::chrono::steady_clock::now() + budget;
-    while (!op.done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+  OpPool* self = this;
+  spin_any({&self, 1}, op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
+}
+
+void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
+                      std::chrono::nanoseconds budget, bool messages) {
+  pools = pools.first(std::min(pools.size(), kMaxSpinPools));
+  std::array<ProgressFrame, kMaxSpinPools> frames;
+  std::array<ProgressSource*, kMaxSpinPools> sources{};
+  std::array<std::shared_ptr<void>, kMaxSpinPools> held;
+  std::size_t watched = 0;
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    ProgressSource* s = pools[i]->enter(frames[i]);
+    if (s == nullptr) continue;
+    held[watched] = s->watch_begin();
+    if (held[watched]) sources[watched++] = s;
+  }
+  std::chrono::steady_clock::time_point until;
+  for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
+    for (std::size_t k = 0; k < watched; ++k) sources[k]->watch_poll(messages);
+    // The clock every few polls: a clock read costs as much as a poll.
+    if (i % 8 == 7) {
+      auto now = std::chrono::steady_clock::now();
+      if (i == 7) until = now + budget;
+      if (now >= until) break;
     }
   }
+  for (std::size_t k = 0; k < watched; ++k) {
+    sources[k]->watch_end();
+    held[k].reset();
+  }
+  for (std::size_t i = pools.size(); i-- > 0;) pools[i]->leave(frames[i]);
 }
 
 void OpPool::unwatched() {
-  with_progress([](ProgressSource& s) { s.unwatched(); });
+  with_progress([](ProgressSource& s) {
+    if (std::shared_ptr<void> held = s.watch_begin()) s.watch_end();
+  });
 }
 
 void OpPool::set_progress(ProgressSource* source) { progress_.store(source); }
@@ -313,7 +347,8 @@ void OpPool::clear_progress(ProgressSource* source) {
   progress_.compare_exchange_strong(expected, nullptr);
   // Sequentially consistent with progress(): a caller that counted itself in before the store
   // above may still be inside `source`.
-  int mine = progressing.pool == this ? progressing.depth : 0;
+  int mine = 0;
+  for (const ProgressFrame* f = progressing; f != nullptr; f = f->outer) mine += f->pool == this;
   while (progress_users_.load() > mine) std::this_thread::yield();
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "ferry/config.hpp"
@@ -62,22 +63,26 @@ struct LaneCursor {
 };
 
 class OpPool;
+struct ProgressFrame;  // op.cpp
 
 // Something a waiting caller may drive instead of sleeping: a verbs channel polls its completion
-// queue. Runs completions (and their callbacks) on the caller's thread. While callers spin, the
-// source need not wake a progress thread for completions; once none spins, or an op is left
-// unwatched, it makes sure one will.
+// queue, a same-host channel its ring. Runs completions (and their callbacks) on the caller's
+// thread. While callers watch it, the source need not wake a progress thread for what arrives;
+// once none does, or an op is left unwatched (watch_begin() then watch_end()), it makes sure one
+// will.
 class ProgressSource {
  public:
-  // Polls once.
+  // Polls once, unwatched (Future::test).
   virtual void progress() = 0;
-  // Polls until `done` or for about `budget` (timed from the first clock reading, a few polls
-  // in: most spins end sooner); `messages`: the op completes by a message from the peer (a
-  // send's acknowledgement, a receive), not only by a local completion.
-  virtual void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget,
-                    bool messages) = 0;
-  // An incomplete op is no longer watched: its completion must wake a progress thread.
-  virtual void unwatched() = 0;
+  // A caller starts watching: it will watch_poll() until watch_end(), holding what this returns
+  // (the source itself: a completion callback may drop every other reference). Null: the source
+  // is going, not to be watched.
+  virtual std::shared_ptr<void> watch_begin() = 0;
+  // One look while watching; `messages`: also what the peer's messages complete (a send's
+  // acknowledgement, a receive, a write_with_imm notification), not only local completions.
+  virtual void watch_poll(bool messages) = 0;
+  // The caller stopped watching: what arrived meanwhile and nobody took wakes a progress thread.
+  virtual void watch_end() = 0;
 
  protected:
   ~ProgressSource() = default;
@@ -270,9 +275,18 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // a caller can poll). Clearing it waits until no caller is inside it any more.
   void set_progress(ProgressSource* source);
   void clear_progress(ProgressSource* source);
+  bool pollable() const { return progress_.load() != nullptr; }
   void progress();
   // Polls while `op` is incomplete, for about `budget`.
   void spin(const OpState& op, std::chrono::nanoseconds budget);
+  // The most pools one spin_any() polls: their frames live on its stack, and a spin over more
+  // would mostly look at idle channels (notifications from the others wake a progress thread).
+  static constexpr std::size_t kMaxSpinPools = 16;
+  // Polls the sources of `pools` (the first kMaxSpinPools; those without one are skipped) until
+  // `done` or for about `budget`, timed from the first clock reading a few polls in (most spins
+  // end sooner): Engine::next_imm, whose notification may come from any peer.
+  static void spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
+                       std::chrono::nanoseconds budget, bool messages);
   // Nobody watches an incomplete op any more (a callback was attached, or its last Future
   // went): completions must wake a progress thread.
   void unwatched();
@@ -283,6 +297,10 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // Runs `fn` on the progress source, if any, counted in progress_users_.
   template <typename Fn>
   void with_progress(Fn&& fn);
+  // Counts this thread in as a user of the source (progress_users_) until leave(), and returns
+  // the source (nullptr: none).
+  ProgressSource* enter(ProgressFrame& frame);
+  void leave(const ProgressFrame& frame);
 
   static constexpr uint32_t kBlockBits = 10;
   static constexpr uint32_t kBlocks = 1024;  // up to 1M ops per peer at once

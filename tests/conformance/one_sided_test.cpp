@@ -174,6 +174,56 @@ void expect_imm_after_every_byte(Pair& p, uint64_t len, uint32_t first_imm) {
       << "one notification per op";
 }
 
+// Engine::next_imm's spin polls the channels of up to OpPool::kMaxSpinPools peers itself (a
+// same-host ring, a completion queue): notifications from several peers at once all come, each
+// after its bytes and in its peer's order.
+TEST_P(Conformance, NextImmTakesNotificationsFromSeveralPeersAtOnce) {
+  constexpr uint32_t kPeers = 3, kEach = 200;
+  constexpr uint64_t kSlot = 64;
+  Engine target(config());
+  std::vector<std::unique_ptr<Engine>> initiators;
+  std::vector<Peer> peers;
+  std::vector<std::unique_ptr<Buffer>> sources;
+  for (uint32_t i = 0; i < kPeers; ++i) {
+    initiators.push_back(std::make_unique<Engine>(config()));
+    peers.push_back(initiators[i]->connect(target.address()));
+    ASSERT_TRUE(target.accept(kWait).has_value());
+    ASSERT_EQ(peers[i].transport(), GetParam());
+    sources.push_back(
+        std::make_unique<Buffer>(*initiators[i], kEach * kSlot, Access::kLocal, 10 + i));
+  }
+  Buffer remote(target, kPeers * kEach * kSlot, Access::kRemoteWrite, 1);
+  Descriptor d = remote.region.descriptor();
+  std::vector<std::thread> senders;
+  for (uint32_t i = 0; i < kPeers; ++i) {
+    senders.emplace_back([&, i] {
+      for (uint32_t n = 0; n < kEach; ++n) {
+        uint32_t imm = i * kEach + n;
+        Transfer t{&sources[i]->region, n * kSlot, &d, imm * kSlot, kSlot};
+        Status s = peers[i].write_with_imm({&t, 1}, imm).wait(kWait);
+        if (!s.ok()) {
+          ADD_FAILURE() << "peer " << i << ", write " << n << ": " << s.to_string();
+          return;
+        }
+      }
+    });
+  }
+  std::vector<uint32_t> next(kPeers, 0);
+  for (uint32_t got = 0; got < kPeers * kEach; ++got) {
+    std::optional<ImmEvent> e = target.next_imm(kWait);
+    ASSERT_TRUE(e.has_value()) << got << " of " << kPeers * kEach << " notifications came";
+    uint32_t from = e->imm / kEach, n = e->imm % kEach;
+    ASSERT_LT(from, kPeers);
+    EXPECT_EQ(e->peer_engine_id, initiators[from]->id());
+    EXPECT_EQ(n, next[from]++) << "peer " << from << "'s notifications out of order";
+    ASSERT_EQ(0, std::memcmp(remote.bytes.data() + uint64_t{e->imm} * kSlot,
+                             sources[from]->bytes.data() + uint64_t{n} * kSlot, kSlot))
+        << "write " << n << " of peer " << from << " not in place when its notification came";
+  }
+  for (auto& t : senders) t.join();
+  EXPECT_FALSE(target.next_imm(std::chrono::milliseconds(50)).has_value());
+}
+
 TEST_P(Conformance, WriteWithImmNotifiesAfterEveryByte) {
   expect_imm_after_every_byte(pair(), 8 << 20, 0x5000);  // sliced, striped over every lane
   expect_imm_after_every_byte(pair(), 4096, 0x6000);     // one slice carries the immediate

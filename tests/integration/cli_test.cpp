@@ -256,12 +256,12 @@ TEST(Cli, BadInputConnectsToNothingAndListensNowhere) {
 
 TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   std::string out;
-  ASSERT_EQ(run("bench --op write,read,write_imm,send --sizes 4K,1000003 --iters 5 --batch 3 "
-                "--concurrency 2 --secret k",
+  ASSERT_EQ(run("bench --op write,read,write_imm,send,imm_pingpong --sizes 4K,1000003 --iters 5 "
+                "--batch 3 --concurrency 2 --secret k",
                 out),
             0)
       << out;
-  for (const char* op : {"write ", "read ", "write_imm ", "send "}) {
+  for (const char* op : {"write ", "read ", "write_imm ", "send ", "imm_pingpong "}) {
     EXPECT_NE(out.find(std::string("shm       ") + op), std::string::npos) << op << "\n" << out;
   }
   EXPECT_EQ(out.find('\r'), std::string::npos) << "progress shown off a terminal\n" << out;

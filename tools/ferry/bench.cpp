@@ -155,7 +155,7 @@ struct Initiator {
     uint64_t per_op = size * static_cast<uint64_t>(o.batch);
     int iters = o.iters.value_or(
         static_cast<int>(std::clamp<uint64_t>(kBytesPerSize / per_op, kMinIters, kMaxIters)));
-    if (op == "pingpong") return pingpong(size, iters);
+    if (op == "pingpong" || op == "imm_pingpong") return pingpong(op, size, iters);
     if (op == "send") {
       mail.send(kTagSetup, std::to_string(iters + kWarmupIters) + " " + std::to_string(size) + " " +
                                std::to_string(o.concurrency) + " " + (o.same_area ? "1" : "0"));
@@ -331,8 +331,10 @@ struct Initiator {
             submit_cpu_s * 1e9 / (static_cast<double>(iters) * static_cast<double>(n))};
   }
 
-  // Half round trips of ping-pong writes, with the target answering each one.
-  Row pingpong(uint64_t size, int iters) {
+  // Half round trips of ping-pong writes (imm_pingpong: write_with_imm, each side taking the
+  // other's notification from next_imm), with the target answering each one.
+  Row pingpong(const std::string& op, uint64_t size, int iters) {
+    bool notify = op == "imm_pingpong";
     if (2 * size > bytes) throw Error(ErrorCode::kInvalidArgument, "ping-pong: size too large");
     // Allocated, the target may be lent it (a mapping needs remote read too); registered, it
     // only needs remote write.
@@ -344,16 +346,22 @@ struct Initiator {
     std::span<uint8_t> pp(static_cast<uint8_t*>(pp_region.data()), 2 * size);
     fill(pp.data() + size, size, size + 1);
     auto rounds = static_cast<uint64_t>(iters) + kWarmupIters;
-    mail.send(kTagSetup, "pingpong " + std::to_string(rounds) + " " + std::to_string(size) + " " +
-                             pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0"));
+    std::string cmd = op + " " + std::to_string(rounds) + " " + std::to_string(size) + " " +
+                      pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0");
+    // Notifications need the target's next_imm to take them before the first one comes.
+    if (notify) {
+      mail.request(kTagSetup, cmd, kTagReport);
+    } else {
+      mail.send(kTagSetup, cmd);
+    }
     std::vector<double> lat_us;
     lat_us.reserve(static_cast<std::size_t>(iters));
     // A round is the time between two posts, as perftest's ib_write_lat takes it; the clock is
     // read just after posting, while the write is in flight, not before it.
     auto t0 = BenchClock::now();
     auto ts = t0;
-    PingPongWriter writer(peer, pp_region, pp.data(), remote, size, o.prepared);
-    Progress shown(progress, "pingpong " + human_size(size), rounds);
+    PingPongWriter writer(peer, pp_region, pp.data(), remote, size, o.prepared, notify);
+    Progress shown(progress, op + " " + human_size(size), rounds);
     for (uint64_t r = 0; r < rounds; ++r) {
       Future f = writer.post(r);
       auto te = BenchClock::now();
@@ -365,13 +373,13 @@ struct Initiator {
       ts = te;
       shown.update(r, te);
       pingpong_wait(std::move(f));
-      await_round(pp.data(), size, r);
+      await_answer(engine, peer, pp.data(), size, r, notify);
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     // The target's answers carried its pattern (all but the round mark).
     if (size > 1 && !matches(pp.data(), size - 1, size))
       throw Error(ErrorCode::kProtocol, "ping-pong: data mismatch");
-    return finish("pingpong", size, 1, 1, iters, secs, lat_us, o.prepared);
+    return finish(op, size, 1, 1, iters, secs, lat_us, o.prepared);
   }
 
   // A verified row from the latencies and the elapsed time of `iters` operations.
@@ -395,9 +403,9 @@ struct OpRoute {
 };
 
 OpRoute route_of(const Peer& peer, const std::string& op) {
-  std::string_view operations = op == "write_imm" ? "write_with_imm"
-                                : op == "send"    ? "send/recv"
-                                                  : "write/read";  // write, read, pingpong
+  std::string_view operations = op == "write_imm" || op == "imm_pingpong" ? "write_with_imm"
+                                : op == "send"                            ? "send/recv"
+                                               : "write/read";  // write, read, pingpong
   for (const RouteInfo& r : peer.routes()) {
     if (r.operations == operations && r.local == MemoryKind::kHost &&
         r.remote == MemoryKind::kHost) {
@@ -422,7 +430,7 @@ void print_row(const Row& r, bool json, const OpRoute& route) {
     std::cout << line << json_string(route.why) << "}" << std::endl;
     return;
   }
-  std::snprintf(line, sizeof line, "%-9s %-9s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
+  std::snprintf(line, sizeof line, "%-9s %-12s %7s %6d %5d %10.1f %10.1f %10.1f %11.0f",
                 transport.c_str(), r.op.c_str(), human_size(r.size).c_str(), r.batch, r.concurrency,
                 r.p50_us, r.p99_us, r.mb_per_s, r.ops_per_s);
   std::cout << line << std::endl;
@@ -467,8 +475,8 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
                              : "the bench's own, registered")
               << "\nroutes to the peer (" << to_string(peer.reach()) << "):\n";
     print_routes(std::cout, peer.routes(), "  ");
-    std::printf("\n%-9s %-9s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size", "batch",
-                "conc", "p50_us", "p99_us", "MB/s", "ops/s");
+    std::printf("\n%-9s %-12s %7s %6s %5s %10s %10s %10s %11s\n", "transport", "op", "size",
+                "batch", "conc", "p50_us", "p99_us", "MB/s", "ops/s");
     std::fflush(stdout);  // a reader of a pipe sees the run start
   }
   for (const auto& op : o.ops) {

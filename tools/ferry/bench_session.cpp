@@ -35,6 +35,7 @@ void check(const Status& s, const std::string& what) {
   if (!s.ok()) throw Error(s.code(), what + ": " + s.message());
 }
 
+namespace {
 void await_round(const uint8_t* rx, uint64_t size, uint64_t round) {
   std::atomic_ref<const uint8_t> mark(rx[size - 1]);
   auto deadline = BenchClock::now() + kOpTimeout;
@@ -43,6 +44,21 @@ void await_round(const uint8_t* rx, uint64_t size, uint64_t round) {
     if (i % 4096 == 0 && BenchClock::now() > deadline)
       throw Error(ErrorCode::kTimeout, "ping-pong: round " + std::to_string(round) + " never came");
   }
+}
+}  // namespace
+
+void await_answer(Engine& engine, const Peer& from, const uint8_t* rx, uint64_t size,
+                  uint64_t round, bool notify) {
+  if (!notify) return await_round(rx, size, round);
+  std::string which = "ping-pong: the notification of round " + std::to_string(round);
+  std::optional<ImmEvent> e = engine.next_imm(kOpTimeout);
+  if (!e) throw Error(ErrorCode::kTimeout, which + " never came");
+  if (e->peer_engine_id != from.engine_id() || e->imm != PingPongWriter::kPingPongImm)
+    throw Error(ErrorCode::kProtocol, which + " came from elsewhere or with another immediate");
+  // write_with_imm notifies once every byte landed.
+  if (std::atomic_ref<const uint8_t>(rx[size - 1]).load(std::memory_order_acquire) !=
+      round_mark(round))
+    throw Error(ErrorCode::kProtocol, which + " came before its bytes");
 }
 
 void pingpong_wait(Future&& f) {

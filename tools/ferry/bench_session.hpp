@@ -50,34 +50,44 @@ bool sampled_matches(const uint8_t* p, uint64_t n, uint64_t seed);
 void check(const Status& s, const std::string& what);
 
 // Ping-pong (as perftest's ib_write_lat): each side writes `size` bytes into the other's
-// receive area, whose last byte counts the rounds, and waits for that byte before it answers.
+// receive area, whose last byte counts the rounds, and waits for that byte (or, imm_pingpong,
+// the write_with_imm's notification) before it answers.
 // Areas: receive at [0, size), send from [size, 2 size) of each side's buffer.
 inline uint8_t round_mark(uint64_t round) { return static_cast<uint8_t>(round % 255 + 1); }
-
-void await_round(const uint8_t* rx, uint64_t size, uint64_t round);
 
 // One side's rounds: each writes the send area (last byte marked) into the peer's receive area;
 // the caller waits for the write to complete, as ib_write_lat does. `prepared`: the write is
 // prepared once and posted every round, as ib_write_lat reposts one work request.
 class PingPongWriter {
  public:
+  // `notify`: write_with_imm, its immediate kPingPongImm, for the other side's next_imm.
   PingPongWriter(const Peer& peer, const Region& local, uint8_t* buf, const Descriptor& remote,
-                 uint64_t size, bool prepared)
-      : peer_(peer), buf_(buf), size_(size), t_{&local, size, &remote, 0, size} {
-    if (prepared) prepared_ = peer.prepare_write({&t_, 1});
+                 uint64_t size, bool prepared, bool notify)
+      : peer_(peer), buf_(buf), size_(size), notify_(notify), t_{&local, size, &remote, 0, size} {
+    if (prepared) {
+      prepared_ = notify ? peer.prepare_write_with_imm({&t_, 1}, kPingPongImm)
+                         : peer.prepare_write({&t_, 1});
+    }
   }
   Future post(uint64_t round) {
     buf_[2 * size_ - 1] = round_mark(round);
-    return prepared_.valid() ? prepared_.post() : peer_.write({&t_, 1});
+    if (prepared_.valid()) return prepared_.post();
+    return notify_ ? peer_.write_with_imm({&t_, 1}, kPingPongImm) : peer_.write({&t_, 1});
   }
+  static constexpr uint32_t kPingPongImm = 0x50494e47;  // "PING"
 
  private:
   const Peer& peer_;
   uint8_t* buf_;
   uint64_t size_;
+  bool notify_;
   Transfer t_;
   Prepared prepared_;
 };
+// The other side's answer to `round` of a ping-pong: its write (the round's mark polled in `rx`)
+// or, with `notify`, its write_with_imm taken from next_imm (and its mark checked).
+void await_answer(Engine& engine, const Peer& from, const uint8_t* rx, uint64_t size,
+                  uint64_t round, bool notify);
 // Takes the Future: its release belongs before the wait for the answer, not after it.
 void pingpong_wait(Future&& f);
 

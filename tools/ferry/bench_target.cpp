@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <iostream>
 #include <optional>
 
@@ -15,8 +16,10 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Target: registers what an initiator asks for and serves it until told to stop.
 
-// One initiator's session; `imms` counts its immediates.
-void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
+// One initiator's session; `imms` counts its immediates, which `count_imms` (the engine's
+// on_imm callback) does, except while an imm_pingpong takes them from next_imm.
+void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms,
+           const std::function<void(const ImmEvent&)>& count_imms) {
   const Peer& peer = mail.peer();
   // Setup: "<bytes> <allocate> 0": the buffer's size, and 1 for memory from Engine::allocate.
   uint64_t bytes = 0, allocate = 0, unused = 0;
@@ -48,8 +51,9 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
     // this wait, tells whether it is still there.
     std::string cmd = mail.recv(kTagSetup, kIdleTimeout);
     if (cmd == "done") break;
-    if (cmd.starts_with("pingpong ")) {
-      // "pingpong <rounds> <size> <initiator's descriptor> <prepared>": answer every round.
+    bool notify = cmd.starts_with("imm_pingpong ");
+    if (notify || cmd.starts_with("pingpong ")) {
+      // "[imm_]pingpong <rounds> <size> <initiator's descriptor> <prepared>": answer every round.
       std::string word, desc;
       uint64_t rounds = 0, size = 0;
       bool prepared = false;
@@ -58,11 +62,16 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
                 "ping-pong: size " + std::to_string(size) + " does not fit twice in the buffer");
       Descriptor initiator = Descriptor::parse(desc);
       fill(buf.data() + size, size, size);
-      PingPongWriter writer(peer, region, buf.data(), initiator, size, prepared);
+      PingPongWriter writer(peer, region, buf.data(), initiator, size, prepared, notify);
+      if (notify) {
+        engine.on_imm(nullptr);  // notifications queue for next_imm
+        mail.send(kTagReport, "ready");
+      }
       for (uint64_t r = 0; r < rounds; ++r) {
-        await_round(buf.data(), size, r);
+        await_answer(engine, peer, buf.data(), size, r, notify);
         pingpong_wait(writer.post(r));
       }
+      if (notify) engine.on_imm(count_imms);
       continue;
     }
     // "<count> <size> <window> <same area>": receive `count` messages, `window` receives
@@ -97,10 +106,11 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms) {
 // Serves one initiator; false if the session failed. A listener reports every failure; the
 // target `ferry bench` started (--once) leaves that to its initiator, which prints its own
 // failure or the one we told it.
-bool serve_one(Engine& engine, const Peer& peer, const std::atomic<uint64_t>& imms, bool once) {
+bool serve_one(Engine& engine, const Peer& peer, const std::atomic<uint64_t>& imms,
+               const std::function<void(const ImmEvent&)>& count_imms, bool once) {
   Mailbox mail(engine, peer);
   try {
-    serve(engine, mail, imms);
+    serve(engine, mail, imms, count_imms);
     return true;
   } catch (const std::exception& e) {
     std::optional<std::string> theirs = mail.their_failure();
@@ -132,9 +142,10 @@ void print_reachable(const Address& listen, uint16_t port) {
 int run_target(const BenchOptions& o) {
   Engine engine(engine_config(o, *o.listen));
   std::atomic<uint64_t> initiator{0}, imms{0};
-  engine.on_imm([&](const ImmEvent& e) {
+  std::function<void(const ImmEvent&)> count_imms = [&](const ImmEvent& e) {
     if (e.peer_engine_id == initiator.load()) imms.fetch_add(1);
-  });
+  };
+  engine.on_imm(count_imms);
   // The first line as it is: the initiator that started this target reads it.
   std::cout << "listening on " << engine.address() << std::endl;
   print_reachable(*o.listen, engine.port());
@@ -146,7 +157,7 @@ int run_target(const BenchOptions& o) {
     }
     imms = 0;
     initiator = accepted->engine_id();
-    bool ok = serve_one(engine, *accepted, imms, o.once);
+    bool ok = serve_one(engine, *accepted, imms, count_imms, o.once);
     if (o.once) return ok ? 0 : 1;
   }
 }

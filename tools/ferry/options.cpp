@@ -30,8 +30,9 @@ constexpr int kMaxScatter = 1'000'000;
 constexpr int kMaxMicroseconds = 1'000'000;
 constexpr uint64_t kNoMax = kNoMaxSize;
 
-const std::vector<std::string> kOps = {"write", "read", "write_imm", "send", "pingpong"};
-const char* const kOpList = "write, read, write_imm, send or pingpong";
+const std::vector<std::string> kOps = {"write", "read",     "write_imm",
+                                       "send",  "pingpong", "imm_pingpong"};
+const char* const kOpList = "write, read, write_imm, send, pingpong or imm_pingpong";
 
 [[noreturn]] void bad(const std::string& flag, const std::string& why) {
   throw CLI::ValidationError(flag, why);
@@ -191,7 +192,8 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
   b.add_flag("--once", o.once, "Serve one initiator, then exit with its outcome")->group("");
   add(b, "--op", o.ops, ops_value,
       "Comma-separated operations: write, read, write_imm, send, pingpong (half the round trip "
-      "of answered writes, as ib_write_lat)")
+      "of answered writes, as ib_write_lat), imm_pingpong (the same with write_with_imm, each "
+      "side taking the other's notification from next_imm)")
       ->type_name("OPS")
       ->default_str(join(o.ops));
   std::vector<std::string> size_default;
@@ -276,7 +278,7 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       ->type_name("US")
       ->default_str(microseconds(engine.wait_spin));
   b.add_flag("--prepared", o.prepared,
-             "Post write, read, write_imm and pingpong batches prepared once (Peer::prepare_*)");
+             "Post write, read, write_imm and ping-pong batches prepared once (Peer::prepare_*)");
   b.add_flag("--same-area", o.same_area,
              "Operations in flight, and the receives the target posts for send, all use the same "
              "buffer area, as perftest's do (default: one area each). Messages then overwrite "
@@ -317,7 +319,8 @@ void check_bench_options(const BenchOptions& o) {
   uint64_t bytes = buffer_bytes(o);
   // The initiator registers two buffers (data and its read-back), the ping-pong two areas of
   // the largest size besides; the target started here (no --connect) one buffer.
-  bool pingpong = std::find(o.ops.begin(), o.ops.end(), "pingpong") != o.ops.end();
+  bool pingpong = std::any_of(o.ops.begin(), o.ops.end(),
+                              [](const std::string& op) { return op.ends_with("pingpong"); });
   uint64_t need = 2 * bytes + (pingpong ? 2 * largest : 0) + (o.connect ? 0 : bytes);
   if (need > physical_memory()) {
     throw CLI::ValidationError(

@@ -47,7 +47,7 @@ struct BenchOptions {
   int threads = 1;
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;
-  bool prepared = false;   // write, read, write_imm and pingpong post batches prepared once
+  bool prepared = false;   // write, read, write_imm and ping-pongs post batches prepared once
   bool same_area = false;  // every op in flight (and the target's receives) uses the first area
   // write, read: batches of this many entries of each size at scattered offsets, each run
   // beside one contiguous transfer of the same bytes (ratio and submission cost printed).

@@ -125,9 +125,11 @@ class ShmChannel final : public Channel,
   bool poll() override;
   void end_polling() override;
 
+  // ProgressSource: a watching caller consumes the ring, and writes records waiting for room.
   void progress() override;
-  void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool messages) override;
-  void unwatched() override;
+  std::shared_ptr<void> watch_begin() override;
+  void watch_poll(bool messages) override;
+  void watch_end() override;
 
   // A held message was matched by a receive (Rendezvous::matched; any thread).
   void taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv);

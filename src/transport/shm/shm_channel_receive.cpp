@@ -188,25 +188,21 @@ void ShmChannel::progress() {
   if (self && !polling_on_this_thread()) try_consume();
 }
 
-void ShmChannel::spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool) {
+std::shared_ptr<void> ShmChannel::watch_begin() {
   std::shared_ptr<ShmChannel> self = weak_from_this().lock();
-  if (!self) return;
-  inbound_.poll_begin();  // the peer rings no bell while we look
-  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
-  const bool nested = polling_on_this_thread();
-  std::chrono::steady_clock::time_point until;
-  for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
-    if (!nested && inbound_.pending()) try_consume();
-    // The clock every few polls: a clock read costs as much as a look at the ring.
-    if (i % 8 == 7) {
-      auto now = std::chrono::steady_clock::now();
-      if (i == 7) until = now + budget;
-      if (now >= until) break;
-      if (room_awaited_.load(std::memory_order_relaxed)) refill();
-    }
-  }
-  end_polling();  // records that came while we looked and nobody took: the progress thread's
+  if (self) begin_polling();  // the peer rings no bell while we look
+  return self;
 }
+
+void ShmChannel::watch_poll(bool) {
+  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
+  if (polling_on_this_thread()) return;
+  if (inbound_.pending()) try_consume();
+  if (room_awaited_.load(std::memory_order_relaxed)) refill();
+}
+
+// Records that came while we looked and nobody took: the progress thread's.
+void ShmChannel::watch_end() { end_polling(); }
 
 void ShmChannel::refill() {
   Status s;
@@ -217,13 +213,6 @@ void ShmChannel::refill() {
     s = pump_locked();
   }
   if (!s.ok()) close(s);
-}
-
-void ShmChannel::unwatched() {
-  std::shared_ptr<ShmChannel> self = weak_from_this().lock();
-  if (!self) return;
-  begin_polling();
-  end_polling();
 }
 
 Status ShmChannel::handle(const View& r, std::size_t& pulled) {

@@ -64,7 +64,10 @@ PostResult VerbsChannel::post(OpState* op) {
   // Small operations count on their waiter to poll; a large one may run for long with nobody
   // polling, and its completions drive the rest of its slices: let them wake the progress
   // thread (the cost of arming is nothing beside the transfer).
-  if (op->lane_count > 1) unwatched();
+  if (op->lane_count > 1) {
+    spinners_.fetch_add(1);
+    leave_spin();
+  }
   return result;
 }
 
@@ -346,41 +349,25 @@ void VerbsChannel::progress() {
   unlock_polling();
 }
 
-void VerbsChannel::spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget,
-                        bool messages) {
-  // Holding a reference: a completion callback may drop the last other one.
+std::shared_ptr<void> VerbsChannel::watch_begin() {
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
-  if (!self) return;
-  spinners_.fetch_add(1);
-  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
-  bool nested = polling_on_this_thread();
-  std::chrono::steady_clock::time_point until;
-  for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
-    if (!nested && try_lock_polling()) {
-      // A write or read completes on the send queue alone: one poll per turn keeps its
-      // completion as close as perftest's loop does (the progress thread handles receives).
-      if (!quiesced_.load(std::memory_order_relaxed)) {
-        poll_send();
-        if (messages) poll_recv();
-      }
-      unlock_polling();
-    }
-    // The clock every few polls: under emulation a clock read costs as much as a poll.
-    if (i % 8 == 7) {
-      auto now = std::chrono::steady_clock::now();
-      if (i == 7) until = now + budget;
-      if (now >= until) break;
-    }
-  }
-  leave_spin();
+  if (self) spinners_.fetch_add(1);
+  return self;
 }
 
-void VerbsChannel::unwatched() {
-  std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
-  if (!self) return;
-  spinners_.fetch_add(1);
-  leave_spin();
+void VerbsChannel::watch_poll(bool messages) {
+  // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
+  if (polling_on_this_thread() || !try_lock_polling()) return;
+  // A write or read completes on the send queue alone: one poll per turn keeps its completion
+  // as close as perftest's loop does (the progress thread handles receives).
+  if (!quiesced_.load(std::memory_order_relaxed)) {
+    poll_send();
+    if (messages) poll_recv();
+  }
+  unlock_polling();
 }
+
+void VerbsChannel::watch_end() { leave_spin(); }
 
 void VerbsChannel::leave_spin() {
   if (spinners_.fetch_sub(1) != 1) return;

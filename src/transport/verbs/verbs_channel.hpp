@@ -91,10 +91,12 @@ class VerbsChannel final : public Channel,
   void stop_after_reactor() override;
 
   void on_event(uint32_t events) override;
-  // ProgressSource: polls the send completion queue unless another thread is polling it.
+  // ProgressSource: polls the send completion queue (and, for messages, the receive one) unless
+  // another thread is polling it.
   void progress() override;
-  void spin(const std::atomic<bool>& done, std::chrono::nanoseconds budget, bool messages) override;
-  void unwatched() override;
+  std::shared_ptr<void> watch_begin() override;
+  void watch_poll(bool messages) override;
+  void watch_end() override;
 
  private:
   struct Lane;
