@@ -67,17 +67,17 @@ struct ShmConfig {
   // checks guard against mistakes and stale descriptors, not against a hostile process of the
   // same user. Off (or refused by the kernel, seccomp or ptrace_scope for a pair): regions from
   // Engine::allocate are still mapped, other writes and reads travel through the shared-memory
-  // rings in pieces of 16 KiB (two copies), and messages take the next transport.
+  // rings in pieces of 32 KiB (two copies), and messages take the next transport.
   bool cross_memory = true;
   // Threads besides the progress thread that split one large copy (from 2 MiB) into parts
   // copied at once. Measured on a 2-core VM at 64 MiB: one process_vm_readv stream 6.5 GB/s,
   // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
   int copy_threads = 1;
   // Writes of 256 KiB up to this many bytes in all, and messages of that size, travel through
-  // the shared-memory rings in 16 KiB pieces (in cache, both sides at once) instead of one
+  // the shared-memory rings in 32 KiB pieces (in cache, both sides at once) instead of one
   // process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM (docs/performance.md,
   // "mid-size writes through the rings"). Below 256 KiB (0 included) none do: then only slices
-  // of 16 KiB or less ride in the rings. The initiating (sending) engine's setting counts. Where
+  // of 32 KiB or less ride in the rings. The initiating (sending) engine's setting counts. Where
   // caches or the kernel's page walks differ, `ferry bench --transport shm --ring-copies` finds the
   // crossover.
   uint64_t ring_copies_up_to = 1 << 20;

@@ -20,9 +20,9 @@
 
 namespace ferry::transport::shm {
 
-// Bytes of one ring's record area (a power of two): eight of the largest records (a full entry
-// table and inline bytes, ~29 KiB), so a producer posting a batch rarely waits for room.
-constexpr std::size_t kRingBytes = 256 << 10;
+// Bytes of one ring's record area (a power of two): eleven of the largest records (a full entry
+// table and inline bytes, ~44 KiB), so a producer posting a batch rarely waits for room.
+constexpr std::size_t kRingBytes = 512 << 10;
 // Records start on a cache line: a producer's next record never shares one with a record the
 // consumer is copying out.
 constexpr std::size_t kRecordAlign = 64;
