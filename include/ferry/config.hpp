@@ -79,8 +79,10 @@ struct ShmConfig {
   // "mid-size writes through the rings"). Below 256 KiB (0 included) none do: then only slices
   // of 32 KiB or less ride in the rings. The initiating (sending) engine's setting counts. Where
   // caches or the kernel's page walks differ, `ferry bench --transport shm --ring-copies` finds the
-  // crossover.
-  uint64_t ring_copies_up_to = 1 << 20;
+  // crossover. 1 -> 2 MiB with 32 KiB pieces: 1.5-2 MiB writes, sends and write_with_imm one at
+  // a time 8-12 -> 13-47 GB/s, 2 MiB x8 writes 11-13 -> 10-25; at 3-4 MiB one at a time the
+  // rings were as often slower as faster, and 16 MiB x8 (out of cache) moved half as much.
+  uint64_t ring_copies_up_to = 2 << 20;
 };
 
 struct Config {
