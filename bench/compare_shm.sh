@@ -72,7 +72,7 @@ for run in $(seq 1 "$REPEAT"); do
   lat_reg=$("$FERRY" bench --transport shm --op write,write_imm,imm_pingpong --sizes 8 --json)
   lat_busy=$("$FERRY" bench --transport shm --op write,write_imm --sizes 8 --busy-poll-us 20 \
     --json)
-  # Without cross-memory attach (as where the kernel refuses it): 16 KiB pieces through the
+  # Without cross-memory attach (as where the kernel refuses it): 32 KiB pieces through the
   # rings, beside TCP loopback.
   ring=$("$FERRY" bench --cross-memory 0 --op write,read --sizes $M1 --concurrency 8 --same-area \
     --json)

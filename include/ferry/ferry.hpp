@@ -315,9 +315,10 @@ class FERRY_API Engine {
   // The next write_with_imm notification, if one arrives within `timeout`. It spins for up to
   // Config::wait_spin first, as Future::wait does, then sleeps. While it spins it polls the
   // same-host and RDMA channels of up to 16 peers itself, so their notifications reach it
-  // without waking a progress thread; a callback (on_imm) runs on a progress thread instead.
+  // without waking a progress thread.
   std::optional<ImmEvent> next_imm(Duration timeout);
-  // Delivers notifications to `fn` (on a progress thread) instead of the queue.
+  // Delivers notifications to `fn` instead of the queue, on the thread that takes them from
+  // the channel: a progress thread, or a caller polling it (Future::wait, next_imm).
   void on_imm(std::function<void(const ImmEvent&)> fn);
 
   // Cancels in-flight operations, closes peers, joins threads. Idempotent.

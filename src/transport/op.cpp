@@ -290,9 +290,12 @@ void OpPool::leave(const ProgressFrame& frame) {
 
 template <typename Fn>
 void OpPool::with_progress(Fn&& fn) {
-  ProgressFrame frame;
-  if (ProgressSource* s = enter(frame)) fn(*s);
-  leave(frame);
+  struct Entered {
+    OpPool* pool;
+    ProgressFrame frame;
+    ~Entered() { pool->leave(frame); }  // a callback may throw out of fn
+  } entered{this, {}};
+  if (ProgressSource* s = enter(entered.frame)) fn(*s);
 }
 
 void OpPool::progress() {
@@ -306,20 +309,40 @@ void OpPool::spin(const OpState& op, std::chrono::nanoseconds budget) {
 
 void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
                       std::chrono::nanoseconds budget, bool messages) {
-  pools = pools.first(std::min(pools.size(), kMaxSpinPools));
-  std::array<ProgressFrame, kMaxSpinPools> frames;
-  std::array<ProgressSource*, kMaxSpinPools> sources{};
-  std::array<std::shared_ptr<void>, kMaxSpinPools> held;
-  std::size_t watched = 0;
-  for (std::size_t i = 0; i < pools.size(); ++i) {
-    ProgressSource* s = pools[i]->enter(frames[i]);
-    if (s == nullptr) continue;
-    held[watched] = s->watch_begin();
-    if (held[watched]) sources[watched++] = s;
+  // The sources watched, each with its pool's frame and a reference that keeps it alive. The
+  // watches end, then the pools are left, and only then are the references dropped: dropping
+  // the last one runs the channel's destructor, whose clear_progress waits for every other
+  // thread's frame on its pool, so a thread must hold none of ours then (two spinners would
+  // wait for each other). On the way out of an exception from a callback too.
+  struct Watched {
+    std::array<ProgressFrame, kMaxSpinPools> frames;
+    std::array<OpPool*, kMaxSpinPools> pools{};
+    std::array<ProgressSource*, kMaxSpinPools> sources{};
+    std::array<std::shared_ptr<void>, kMaxSpinPools> held;
+    std::size_t count = 0;
+    ~Watched() {
+      for (std::size_t k = 0; k < count; ++k) sources[k]->watch_end();
+      for (std::size_t k = count; k-- > 0;) pools[k]->leave(frames[k]);
+    }  // `held` goes after this body
+  } w;
+  for (OpPool* pool : pools.first(std::min(pools.size(), kMaxSpinPools))) {
+    std::size_t k = w.count;
+    ProgressSource* s = pool->enter(w.frames[k]);
+    std::shared_ptr<void> keep = s != nullptr ? s->watch_begin() : nullptr;
+    if (!keep) {
+      // No source, or it is going: out at once (the frame is the innermost), so that its
+      // clearing does not wait for this spin.
+      pool->leave(w.frames[k]);
+      continue;
+    }
+    w.pools[k] = pool;
+    w.sources[k] = s;
+    w.held[k] = std::move(keep);
+    ++w.count;
   }
   std::chrono::steady_clock::time_point until;
   for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
-    for (std::size_t k = 0; k < watched; ++k) sources[k]->watch_poll(messages);
+    for (std::size_t k = 0; k < w.count; ++k) w.sources[k]->watch_poll(messages);
     // The clock every few polls: a clock read costs as much as a poll.
     if (i % 8 == 7) {
       auto now = std::chrono::steady_clock::now();
@@ -327,11 +350,6 @@ void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& d
       if (now >= until) break;
     }
   }
-  for (std::size_t k = 0; k < watched; ++k) {
-    sources[k]->watch_end();
-    held[k].reset();
-  }
-  for (std::size_t i = pools.size(); i-- > 0;) pools[i]->leave(frames[i]);
 }
 
 void OpPool::unwatched() {

@@ -1,12 +1,14 @@
-// Callers polling channels instead of sleeping: OpPool::spin_any (Engine::next_imm's spin) and
-// the progress sources it watches.
+// Callers polling channels instead of sleeping: OpPool::spin_any (Engine::next_imm's spin), the
+// progress sources it watches, and the channels' polling rights.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "core/polling_right.hpp"
 #include "transport/op.hpp"
 
 namespace ferry::transport {
@@ -134,6 +136,38 @@ TEST(Progress, ClosingAnotherWatchedPoolsSourceFromAPollDoesNotWaitForItself) {
   OpPool::spin_any({&q.raw[0], 1}, outer, std::chrono::hours(1), true);
   EXPECT_TRUE(outer.load());
   EXPECT_FALSE(q.owned[0]->pollable());
+}
+
+// A thread holding one channel's polling right (a callback runs inside its poll) polls another
+// channel: releasing the inner right leaves the outer one held. When the thread kept only its
+// innermost right, the outer channel's own code then thought nobody held it and waited for
+// itself.
+TEST(PollingRight, NestedRightsAreEachHeldUntilTheirOwnRelease) {
+  core::PollingRight a, b;
+  ASSERT_TRUE(a.try_lock());
+  ASSERT_TRUE(b.try_lock());
+  EXPECT_TRUE(a.held_here());
+  EXPECT_TRUE(b.held_here());
+  EXPECT_FALSE(a.try_lock()) << "one holder at a time";
+  b.unlock();
+  EXPECT_TRUE(a.held_here()) << "releasing the inner right released the outer one";
+  EXPECT_FALSE(b.held_here());
+  std::thread other([&] {
+    EXPECT_FALSE(a.held_here()) << "held on another thread";
+    EXPECT_FALSE(a.try_lock());
+    EXPECT_TRUE(b.try_lock());
+    b.unlock();
+  });
+  other.join();
+  // Released out of order, each leaves the chain where it is.
+  ASSERT_TRUE(b.try_lock());
+  a.unlock();
+  EXPECT_FALSE(a.held_here());
+  EXPECT_TRUE(b.held_here());
+  b.unlock();
+  EXPECT_FALSE(b.held_here());
+  EXPECT_TRUE(a.try_lock());
+  a.unlock();
 }
 
 }  // namespace

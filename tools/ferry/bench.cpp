@@ -350,7 +350,8 @@ struct Initiator {
                       pp_region.descriptor().to_string() + " " + (o.prepared ? "1" : "0");
     // Notifications need the target's next_imm to take them before the first one comes.
     if (notify) {
-      mail.request(kTagSetup, cmd, kTagReport);
+      if (std::string answer = mail.request(kTagSetup, cmd, kTagReport); answer != "ready")
+        throw Error(ErrorCode::kProtocol, "ping-pong: the target answered '" + answer + "'");
     } else {
       mail.send(kTagSetup, cmd);
     }

@@ -63,15 +63,23 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms,
       Descriptor initiator = Descriptor::parse(desc);
       fill(buf.data() + size, size, size);
       PingPongWriter writer(peer, region, buf.data(), initiator, size, prepared, notify);
+      // Notifications queue for next_imm meanwhile; counted again after, however this ends (a
+      // listener serves the next initiator after a failed one).
+      struct Counting {
+        Engine& engine;
+        const std::function<void(const ImmEvent&)>* fn;
+        ~Counting() {
+          if (fn != nullptr) engine.on_imm(*fn);
+        }
+      } counting{engine, notify ? &count_imms : nullptr};
       if (notify) {
-        engine.on_imm(nullptr);  // notifications queue for next_imm
+        engine.on_imm(nullptr);
         mail.send(kTagReport, "ready");
       }
       for (uint64_t r = 0; r < rounds; ++r) {
         await_answer(engine, peer, buf.data(), size, r, notify);
         pingpong_wait(writer.post(r));
       }
-      if (notify) engine.on_imm(count_imms);
       continue;
     }
     // "<count> <size> <window> <same area>": receive `count` messages, `window` receives

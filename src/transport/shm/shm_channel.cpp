@@ -609,7 +609,7 @@ void ShmChannel::close(const Status& reason) {
 void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), base, length, why] {
-    self->lock_polling();
+    self->polling_.lock();
     bool touched = false;
     for (const auto* held : {&self->grants_, &self->lent_}) {
       for (const Held& h : *held) touched = touched || overlaps(h.base, h.length, base, length);
@@ -618,7 +618,7 @@ void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why
       const OpEntry& dst = filling->entries[0];
       touched = touched || overlaps(dst.local, dst.length, base, length);
     }
-    self->unlock_polling();
+    self->polling_.unlock();
     if (touched) self->close(why);
   });
 }
@@ -626,7 +626,7 @@ void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why
 void ShmChannel::stop() {
   if (stopped_) return;
   link_->pool->clear_progress(this);  // callers' waits poll the ring no more
-  lock_polling();
+  polling_.lock();
   stopped_ = true;
   host_.reactor().remove_poller(loop_, this);
   host_.reactor().remove(loop_, fd_.get());
@@ -648,7 +648,7 @@ void ShmChannel::stop() {
   grants_.clear();  // the peer pulls no more: the regions may go
   lent_.clear();    // what it mapped holds memory the engine frees only after deregistration
   unmap_all();
-  unlock_polling();
+  polling_.unlock();
   host_.reactor().retire(loop_, std::move(keep_alive_));
   report_closed();
 }

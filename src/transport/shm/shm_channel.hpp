@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "core/net.hpp"
+#include "core/polling_right.hpp"
 #include "transport/contract.hpp"
 #include "transport/op.hpp"
 #include "transport/shm/copy_pool.hpp"
@@ -182,10 +183,6 @@ class ShmChannel final : public Channel,
   Status send_control(const Header& h, const Entry* entry = nullptr, core::Fd fd = {});
 
   // ---- receive side: whoever holds polling_ ----
-  bool try_lock_polling();
-  void lock_polling();
-  void unlock_polling();
-  bool polling_on_this_thread() const;
   // Our bell rang (the progress thread).
   void on_bell();
   // Handles records from our ring, at most a wake-up's budget (`budget`) or all (a hang-up);
@@ -275,7 +272,7 @@ class ShmChannel final : public Channel,
     ShmChannel* channel = nullptr;
     void on_event(uint32_t) override { channel->on_bell(); }
   } bell_handler_;
-  std::atomic<bool> polling_{false};  // the right to consume inbound_ and handle its records
+  core::PollingRight polling_;  // the right to consume inbound_ and handle its records
 
   // Send side.
   std::mutex send_mu_;

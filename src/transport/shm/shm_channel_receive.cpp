@@ -19,9 +19,6 @@ namespace ferry::transport::shm {
 
 namespace {
 
-// The channel whose records this thread handles now (a completion callback runs inside).
-thread_local const ShmChannel* polling_channel = nullptr;
-
 // The slices of the op an answer finishes: an ack's and read data's count, else one.
 int64_t answered_slices(const Header& h) {
   switch (h.type) {
@@ -65,9 +62,9 @@ void ShmChannel::on_event(uint32_t events) {
   if (s.ok() && (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
     // What the peer wrote before it hung up is still handled: its last answers complete ops.
     bool more = false;
-    lock_polling();
+    polling_.lock();
     if (!stopped_) s = consume(false, more);
-    unlock_polling();
+    polling_.unlock();
     if (s.ok()) s = {ErrorCode::kPeerLost, "shm: the peer closed the connection"};
   }
   if (!s.ok()) close(s);
@@ -85,9 +82,9 @@ void ShmChannel::on_bell() {
   }
   bool more = false;
   if (s.ok()) {
-    lock_polling();
+    polling_.lock();
     if (!stopped_) s = consume(true, more);
-    unlock_polling();
+    polling_.unlock();
   }
   if (!s.ok()) {
     close(s);
@@ -144,23 +141,6 @@ Status ShmChannel::receive_file(uint32_t region, core::Fd& file) {
   return {};
 }
 
-bool ShmChannel::try_lock_polling() {
-  if (polling_.exchange(true, std::memory_order_acquire)) return false;
-  polling_channel = this;
-  return true;
-}
-
-void ShmChannel::lock_polling() {
-  while (!try_lock_polling()) std::this_thread::yield();  // a waiter's turn is one budget
-}
-
-void ShmChannel::unlock_polling() {
-  polling_channel = nullptr;
-  polling_.store(false, std::memory_order_release);
-}
-
-bool ShmChannel::polling_on_this_thread() const { return polling_channel == this; }
-
 void ShmChannel::begin_polling() { inbound_.poll_begin(); }
 
 bool ShmChannel::poll() {
@@ -170,10 +150,10 @@ bool ShmChannel::poll() {
 }
 
 bool ShmChannel::try_consume() {
-  if (!try_lock_polling()) return false;
+  if (!polling_.try_lock()) return false;
   bool more = false;
   Status s = stopped_ ? Status() : consume(true, more);
-  unlock_polling();
+  polling_.unlock();
   if (!s.ok()) close(s);
   return true;
 }
@@ -185,7 +165,7 @@ void ShmChannel::end_polling() {
 void ShmChannel::progress() {
   // Holding a reference: a completion callback may drop the last other one.
   std::shared_ptr<ShmChannel> self = weak_from_this().lock();
-  if (self && !polling_on_this_thread()) try_consume();
+  if (self && !polling_.held_here()) try_consume();
 }
 
 std::shared_ptr<void> ShmChannel::watch_begin() {
@@ -196,7 +176,7 @@ std::shared_ptr<void> ShmChannel::watch_begin() {
 
 void ShmChannel::watch_poll(bool) {
   // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
-  if (polling_on_this_thread()) return;
+  if (polling_.held_here()) return;
   if (inbound_.pending()) try_consume();
   if (room_awaited_.load(std::memory_order_relaxed)) refill();
 }
@@ -538,11 +518,11 @@ Status ShmChannel::complete_receive(OpState* recv, uint64_t op_id, uint64_t tag,
 void ShmChannel::taken_later(uint64_t op_id, uint64_t tag, const Entry& e, OpState* recv) {
   link_->matcher.release(0);
   host_.reactor().post(loop_, [self = shared_from_this(), op_id, tag, e, recv] {
-    self->lock_polling();
+    self->polling_.lock();
     std::size_t pulled = 0;
     // Once stopped, closing fails the receive with the peer's other ops.
     Status s = self->stopped_ ? Status() : self->into_receive(recv, op_id, tag, e, true, pulled);
-    self->unlock_polling();
+    self->polling_.unlock();
     if (!s.ok()) self->close(s);
   });
 }

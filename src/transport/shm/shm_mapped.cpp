@@ -230,10 +230,10 @@ Status ShmChannel::on_unmapped(const View& r) {
 void ShmChannel::revoking(uint32_t region_id) {
   if (closing_.load()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), region_id] {
-    self->lock_polling();
+    self->polling_.lock();
     bool lent = !self->stopped_ && std::any_of(self->lent_.begin(), self->lent_.end(),
                                                [&](const Held& l) { return l.id == region_id; });
-    self->unlock_polling();
+    self->polling_.unlock();
     if (!lent) return;
     Header h;
     h.type = Record::kRevoke;

@@ -24,9 +24,6 @@ constexpr int kMaxChain = 32;
 // peer flooding messages would otherwise keep the thread here. 256 eager messages copy at most
 // 2 MiB (well under a millisecond).
 constexpr int kReceivesPerEvent = 256;
-
-// The channel whose completion queue this thread is polling, if any.
-thread_local const void* polling_channel = nullptr;
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -321,32 +318,15 @@ Status VerbsChannel::error_of(const ibv_wc& wc) const {
   }
 }
 
-bool VerbsChannel::try_lock_polling() {
-  if (polling_.exchange(true, std::memory_order_acquire)) return false;
-  polling_channel = this;
-  return true;
-}
-
-void VerbsChannel::lock_polling() {
-  while (!try_lock_polling()) std::this_thread::yield();  // a caller's poll is short
-}
-
-void VerbsChannel::unlock_polling() {
-  polling_channel = nullptr;
-  polling_.store(false, std::memory_order_release);
-}
-
-bool VerbsChannel::polling_on_this_thread() const { return polling_channel == this; }
-
 void VerbsChannel::progress() {
   // Holding a reference: a completion callback may drop the last other one.
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
-  if (!self || polling_on_this_thread() || !try_lock_polling()) return;
+  if (!self || polling_.held_here() || !polling_.try_lock()) return;
   if (!quiesced_.load()) poll_both();
   // What the poll posted (a large message's slices after its CTS) completes with nobody
   // polling unless the send queue is armed.
   poll_and_arm_locked();
-  unlock_polling();
+  polling_.unlock();
 }
 
 std::shared_ptr<void> VerbsChannel::watch_begin() {
@@ -357,14 +337,14 @@ std::shared_ptr<void> VerbsChannel::watch_begin() {
 
 void VerbsChannel::watch_poll(bool messages) {
   // A wait inside a completion callback cannot poll: the poll it runs in holds the right.
-  if (polling_on_this_thread() || !try_lock_polling()) return;
+  if (polling_.held_here() || !polling_.try_lock()) return;
   // A write or read completes on the send queue alone: one poll per turn keeps its completion
   // as close as perftest's loop does (the progress thread handles receives).
   if (!quiesced_.load(std::memory_order_relaxed)) {
     poll_send();
     if (messages) poll_recv();
   }
-  unlock_polling();
+  polling_.unlock();
 }
 
 void VerbsChannel::watch_end() { leave_spin(); }
@@ -374,10 +354,10 @@ void VerbsChannel::leave_spin() {
   // The last spinner: completions still to come must wake the progress thread. (A thread that
   // holds the polling right, a callback waiting inside a poll, leaves this to that poll; an op
   // posted after the check below has a waiter of its own, or arms as a large op does.)
-  if (outstanding_.load() == 0 || polling_on_this_thread()) return;
-  lock_polling();
+  if (outstanding_.load() == 0 || polling_.held_here()) return;
+  polling_.lock();
   poll_and_arm_locked();
-  unlock_polling();
+  polling_.unlock();
 }
 
 void VerbsChannel::poll_and_arm_locked() {
@@ -402,7 +382,7 @@ void VerbsChannel::on_event(uint32_t) {
   ack_events();
   // Receives: always armed (a waiter may poll them too).
   ibv_req_notify_cq(recv_cq_, 0);
-  lock_polling();
+  polling_.lock();
   if (poll_recv(kReceivesPerEvent) >= kReceivesPerEvent) {
     // More may wait, and the queue was armed before them: no event would come for them.
     std::shared_ptr<VerbsChannel> self = shared_from_this();
@@ -416,7 +396,7 @@ void VerbsChannel::on_event(uint32_t) {
     if (poll_both() > 0) last = std::chrono::steady_clock::now();
   }
   poll_and_arm_locked();  // the loop may have posted work (after a CTS) since the arm above
-  unlock_polling();
+  polling_.unlock();
 }
 
 int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&), int budget) {

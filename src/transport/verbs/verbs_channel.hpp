@@ -31,6 +31,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/polling_right.hpp"
 #include "core/ring.hpp"
 #include "transport/contract.hpp"
 #include "transport/verbs/verbs_device.hpp"
@@ -177,12 +178,6 @@ class VerbsChannel final : public Channel,
   void poll_and_arm_locked();
   // Acknowledges every pending completion-channel event.
   void ack_events();
-  // Serialises completion-queue polling (callers and the progress thread): completions of one
-  // queue pair are handled in order. A wait inside a completion callback does not poll.
-  bool try_lock_polling();
-  void lock_polling();
-  void unlock_polling();
-  bool polling_on_this_thread() const;
   // A spinner leaves; the last one arms the send queue if completions are outstanding.
   void leave_spin();
   void handle_send_completion(const ibv_wc& wc);
@@ -234,7 +229,9 @@ class VerbsChannel final : public Channel,
   std::shared_ptr<VerbsChannel> keep_alive_;  // while registered with the reactor
   std::chrono::nanoseconds busy_poll_{0};
   bool zero_copy_receives_ = false;
-  std::atomic<bool> polling_{false};
+  // Serialises completion-queue polling (callers and the progress thread): completions of one
+  // queue pair are handled in order. A wait inside a completion callback does not poll.
+  core::PollingRight polling_;
   std::atomic<bool> acks_waiting_{false};  // lane 0 holds ACKs not yet queued
   std::atomic<int> spinners_{0};           // callers polling the send queue
   std::atomic<int64_t> outstanding_{0};    // signaled work requests not yet completed

@@ -348,14 +348,14 @@ void VerbsChannel::stop_queue_pairs() {
 void VerbsChannel::quiesce() {
   // No caller may be handling completions while the queue pairs stop (a callback that shuts the
   // engine down from inside a poll already holds the right).
-  bool held_here = polling_on_this_thread();
-  if (!held_here) lock_polling();
+  bool held_here = polling_.held_here();
+  if (!held_here) polling_.lock();
   bool already = quiesced_.exchange(true);
   if (!already) {
     stop_queue_pairs();
     drain_receives();
   }
-  if (!held_here) unlock_polling();
+  if (!held_here) polling_.unlock();
   if (already) return;
   if (registered_) host_.reactor().remove(loop_, comp_->fd);
   Status reason;
