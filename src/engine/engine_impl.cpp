@@ -209,7 +209,11 @@ std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
   // 15-47 -> 0.45-0.48 us over shm (ferry bench --op imm_pingpong, five interleaved pairs).
   Duration spin = std::min(timeout, config.wait_spin);
   if (spin.count() > 0 && !imms_waiting_.load(std::memory_order_acquire)) {
-    std::shared_ptr<const PolledPools> polled = polled_.load();
+    std::shared_ptr<const PolledPools> polled;
+    {
+      std::lock_guard lock(polled_mu_);
+      polled = polled_;
+    }
     transport::OpPool::spin_any(polled->pools, imms_waiting_, spin, true);
   }
   std::unique_lock lock(imm_mu_);
@@ -221,15 +225,17 @@ std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
 }
 
 void EngineImpl::update_polled_locked() {
-  auto polled = std::make_shared<PolledPools>();
+  auto built = std::make_shared<PolledPools>();
   for (const auto& p : peers_) {
-    if (polled->pools.size() == transport::OpPool::kMaxSpinPools) break;
+    if (built->pools.size() == transport::OpPool::kMaxSpinPools) break;
     const std::shared_ptr<transport::OpPool>& pool = p->link->pool;
     if (!pool->pollable()) continue;
-    polled->owners.push_back(pool);
-    polled->pools.push_back(pool.get());
+    built->owners.push_back(pool);
+    built->pools.push_back(pool.get());
   }
-  polled_.store(std::move(polled));
+  std::shared_ptr<const PolledPools> polled = std::move(built);
+  std::lock_guard lock(polled_mu_);
+  polled_.swap(polled);  // the old one goes outside the lock
 }
 
 void EngineImpl::on_imm(std::function<void(const ImmEvent&)> fn) {

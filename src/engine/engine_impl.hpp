@@ -184,12 +184,15 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // !imms_.empty(), for next_imm's spin to look at without the lock.
   std::atomic<bool> imms_waiting_{false};
   // The pools of the first OpPool::kMaxSpinPools peers whose channels a caller can poll, for
-  // next_imm's spin; replaced whenever peers_ changes (update_polled_locked, mu_ held).
+  // next_imm's spin; replaced whenever peers_ changes (update_polled_locked, mu_ held). Its own
+  // lock, held only to copy or swap the pointer (libstdc++'s atomic<shared_ptr> locks as well,
+  // in a way ThreadSanitizer does not follow).
   struct PolledPools {
     std::vector<std::shared_ptr<transport::OpPool>> owners;
     std::vector<transport::OpPool*> pools;
   };
-  std::atomic<std::shared_ptr<const PolledPools>> polled_{std::make_shared<PolledPools>()};
+  std::mutex polled_mu_;
+  std::shared_ptr<const PolledPools> polled_ = std::make_shared<PolledPools>();
   void update_polled_locked();
   std::function<void(const ImmEvent&)> imm_callback_;
 };
