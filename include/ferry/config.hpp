@@ -73,16 +73,23 @@ struct ShmConfig {
   // copied at once. Measured on a 2-core VM at 64 MiB: one process_vm_readv stream 6.5 GB/s,
   // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
   int copy_threads = 1;
-  // Writes of 256 KiB up to this many bytes in all, and messages of that size, travel through
-  // the shared-memory rings in 32 KiB pieces (in cache, both sides at once) instead of one
-  // process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM (docs/performance.md,
-  // "mid-size writes through the rings"). Below 256 KiB (0 included) none do: then only slices
-  // of 32 KiB or less ride in the rings. The initiating (sending) engine's setting counts. Where
-  // caches or the kernel's page walks differ, `ferry bench --transport shm --ring-copies` finds the
-  // crossover. 1 -> 2 MiB with 32 KiB pieces: 1.5-2 MiB writes, sends and write_with_imm one at
-  // a time 8-12 -> 13-47 GB/s, 2 MiB x8 writes 11-13 -> 10-25; at 3-4 MiB one at a time the
-  // rings were as often slower as faster, and 16 MiB x8 (out of cache) moved half as much.
-  uint64_t ring_copies_up_to = 2 << 20;
+  // Writes of 256 KiB up to this many bytes in all, and messages of that size up to 2 MiB,
+  // travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once)
+  // instead of one process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM
+  // (docs/performance.md, "mid-size writes through the rings"). Below 256 KiB (0 included) none
+  // do: then only slices of 32 KiB or less ride in the rings. The initiating (sending) engine's
+  // setting counts. Where caches or the kernel's page walks differ, `ferry bench --transport shm
+  // --ring-copies` finds the crossover. 2 -> 16 MiB, with stream_poll below, 8 in flight from
+  // one area: 16 MiB writes 11-13 -> 15-21 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
+  // Messages stay at 2 MiB: one that finds no receive posted would be buffered whole.
+  uint64_t ring_copies_up_to = 16 << 20;
+  // While a transfer streams through the rings (a piece of 16 KiB or more just taken), the
+  // progress thread keeps polling them this long for the next piece before it sleeps. Without
+  // it the two sides took turns, each waking the other (about 24 us a wake-up on a 2-core VM):
+  // through the rings, 8 in flight from one area, 16 MiB messages moved 7.3-7.5 GB/s, with
+  // 20 us 18-21 GB/s; writes 12-19 -> 18-19 (0 vs 20 us, 3 interleaved rounds). Small records
+  // never start it. 0 turns it off.
+  Duration stream_poll = std::chrono::microseconds(20);
 };
 
 struct Config {

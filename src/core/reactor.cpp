@@ -93,6 +93,13 @@ void Reactor::post(int loop, std::function<void()> task) {
   [[maybe_unused]] ssize_t n = ::write(l.wake.get(), &one, sizeof one);
 }
 
+void Reactor::keep_polling(int loop, std::chrono::nanoseconds period) {
+  std::atomic<int64_t>& until = loops_[static_cast<std::size_t>(loop)]->polling_until;
+  int64_t end = (std::chrono::steady_clock::now() + period).time_since_epoch().count();
+  // Racing callers may leave the earlier of two ends: a hint, renewed by the next piece.
+  if (until.load(std::memory_order_relaxed) < end) until.store(end, std::memory_order_relaxed);
+}
+
 void Reactor::add_poller(int loop, Poller* poller) {
   Loop& l = *loops_[static_cast<std::size_t>(loop)];
   l.pollers.push_back(poller);
@@ -129,7 +136,10 @@ void Reactor::run(Loop& loop) {
   std::vector<std::function<void()>> tasks;
   auto last_work = std::chrono::steady_clock::now();
   while (!stopping_.load(std::memory_order_relaxed)) {
-    bool spinning = std::chrono::steady_clock::now() - last_work < busy_poll_;
+    auto now = std::chrono::steady_clock::now();
+    bool spinning =
+        now - last_work < busy_poll_ ||
+        now.time_since_epoch().count() < loop.polling_until.load(std::memory_order_relaxed);
     set_polling(loop, spinning);
     int n = ::epoll_wait(loop.epoll.get(), events, kMaxEventsPerWait, spinning ? 0 : 100);
     if (n < 0) {

@@ -2,6 +2,7 @@
 // queue of tasks posted from other threads. After doing work a loop busy-polls for a while
 // before sleeping in epoll_wait, so back-to-back small operations avoid a thread wake-up;
 // while it does, it also polls its pollers (shared-memory rings), which then need no wake-up.
+// A poller with a transfer streaming through it asks the loop to keep polling (keep_polling).
 #pragma once
 
 #include <atomic>
@@ -28,7 +29,7 @@ class Reactor {
     ~Handler() = default;
   };
 
-  // Work found without a file descriptor: polled while the loop busy-polls.
+  // Work found without a file descriptor: polled while the loop busy-polls or keeps polling.
   class Poller {
    public:
     // The loop starts polling: whatever feeds the poller need not wake the loop meanwhile.
@@ -63,6 +64,10 @@ class Reactor {
   // Removal ends its polling if the loop was polling.
   void add_poller(int loop, Poller* poller);
   void remove_poller(int loop, Poller* poller);
+  // Any thread: a transfer streams through one of the loop's pollers, so the loop keeps
+  // polling for at least `period` from now before it sleeps, whatever busy_poll. A sleeping
+  // loop takes it up when next woken.
+  void keep_polling(int loop, std::chrono::nanoseconds period);
   // Runs `task` on the loop's thread.
   void post(int loop, std::function<void()> task);
   // Called on the loop's thread after remove(): keeps `handler_owner` alive until the events
@@ -78,6 +83,7 @@ class Reactor {
     std::vector<std::shared_ptr<void>> retired;  // touched only by the loop's thread
     std::vector<Poller*> pollers;                // touched only by the loop's thread
     bool polling = false;                        // between begin_ and end_polling
+    std::atomic<int64_t> polling_until{0};       // keep_polling's, steady clock nanoseconds
     std::thread thread;
     std::thread::id id;
   };

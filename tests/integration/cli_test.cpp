@@ -76,6 +76,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --threads 65", 2, "--threads: '65' must be between 1 and 64"},
       {"bench --busy-poll-us -1", 2, "--busy-poll-us: '-1' must be between 0 and "},
       {"bench --wait-spin-us -1", 2, "--wait-spin-us: '-1' must be between 0 and "},
+      {"bench --stream-poll-us -1", 2, "--stream-poll-us: '-1' must be between 0 and "},
       // Operations and transports.
       {"bench --op ''", 2, "--op: '' names no operation (use write, read"},
       {"bench --op write,,read", 2, "--op: 'write,,read' has an empty operation"},
@@ -136,6 +137,11 @@ TEST(Cli, AnswersToEveryKindOfInput) {
        "--wait-spin-us US=" +
            std::to_string(
                std::chrono::duration_cast<std::chrono::microseconds>(Config{}.wait_spin).count())},
+      {"bench --help", 0,
+       "--stream-poll-us US=" +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::microseconds>(Config{}.shm.stream_poll)
+                   .count())},
   };
   std::string reason = verbs_unusable_reason();
   if (!reason.empty()) cases.push_back({"bench --transport verbs", 1, reason});
@@ -310,6 +316,24 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
       << allocated;
   EXPECT_EQ(std::count(allocated.begin(), allocated.end(), '\n'), 8) << allocated;
   EXPECT_EQ(allocated.find("\"verified\":false"), std::string::npos) << allocated;
+  // Mid-size writes pulled with process_vm_readv instead of riding in the rings, and streams
+  // through the rings with nobody polling for their next piece: still byte-exact.
+  std::string pulled;
+  ASSERT_EQ(run("bench --ring-copies 0 --op write,write_imm,send --sizes 3000007 --iters 3 "
+                "--concurrency 2 --json",
+                pulled),
+            0)
+      << pulled;
+  std::string unpolled;
+  ASSERT_EQ(run("bench --stream-poll-us 0 --op write,send --sizes 3000007 --iters 3 "
+                "--concurrency 2 --json",
+                unpolled),
+            0)
+      << unpolled;
+  for (const std::string* rows : {&pulled, &unpolled}) {
+    EXPECT_NE(rows->find("\"verified\":true"), std::string::npos) << *rows;
+    EXPECT_EQ(rows->find("\"verified\":false"), std::string::npos) << *rows;
+  }
   // Without cross-memory attach: writes and reads through the rings, sends over TCP, and the
   // routes say why.
   std::string ringed;

@@ -1,5 +1,5 @@
-// Progress threads' pollers: polled only while the loop busy-polls after work, told when that
-// starts and ends, and removable from the loop's own thread.
+// Progress threads' pollers: polled only while the loop busy-polls after work (or was asked to
+// keep polling), told when that starts and ends, and removable from the loop's own thread.
 #include "core/reactor.hpp"
 
 #include <gtest/gtest.h>
@@ -82,6 +82,30 @@ TEST(ReactorPollers, WithoutBusyPollingAPollerIsNeverPolled) {
   r.stop();
   EXPECT_EQ(p.polls.load(), 0);
   EXPECT_EQ(p.begins.load(), 0);
+}
+
+// A transfer streaming through a poller keeps the loop polling without busy_poll, asked from
+// any thread; once its period passed the loop sleeps again.
+TEST(ReactorPollers, KeepPollingPollsForItsPeriodWithoutBusyPolling) {
+  Reactor r(1, 0ns);
+  CountingPoller p;
+  on_loop(r, [&] { r.add_poller(0, &p); });
+  r.keep_polling(0, 10s);  // from this thread; the loop takes it up when next woken
+  on_loop(r, [] {});
+  ASSERT_TRUE(eventually([&] { return p.polls.load() > 0; }));
+  EXPECT_TRUE(p.polling.load());
+
+  Reactor short_one(1, 0ns);
+  CountingPoller q;
+  on_loop(short_one, [&] { short_one.add_poller(0, &q); });
+  on_loop(short_one, [&] { short_one.keep_polling(0, 1ms); });
+  ASSERT_TRUE(eventually([&] { return q.ends.load() >= 1; })) << "asleep once the period passed";
+  EXPECT_EQ(q.begins.load(), q.ends.load());
+  on_loop(short_one, [&] { short_one.remove_poller(0, &q); });
+  short_one.stop();
+
+  on_loop(r, [&] { r.remove_poller(0, &p); });
+  r.stop();
 }
 
 TEST(ReactorPollers, RemovingAPollerWhileTheLoopPollsEndsItsPolling) {

@@ -266,6 +266,11 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "rings instead of one process_vm_readv (0: none)")
       ->type_name("SIZE")
       ->default_str(human_size(engine.shm.ring_copies_up_to));
+  add(b, "--stream-poll-us", o.stream_poll_us, count(0, kMaxMicroseconds),
+      "While a transfer streams through the same-host rings, progress threads poll them this "
+      "long for its next piece before sleeping")
+      ->type_name("US")
+      ->default_str(microseconds(engine.shm.stream_poll));
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

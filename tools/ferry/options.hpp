@@ -44,6 +44,7 @@ struct BenchOptions {
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;
   std::optional<uint64_t> ring_copies;  // ShmConfig::ring_copies_up_to
+  std::optional<int> stream_poll_us;    // ShmConfig::stream_poll
   int threads = 1;
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;

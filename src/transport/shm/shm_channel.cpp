@@ -49,7 +49,7 @@ bool cross_memory_allowed(std::string& why) {
 }
 
 ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory, uint64_t ring_copies_up_to)
+                       std::string no_cross_memory, const ShmConfig& config)
     : host_(args.host),
       pool_(std::move(pool)),
       link_(std::move(args.link)),
@@ -57,17 +57,18 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
-      ring_copies_up_to_(ring_copies_up_to),
+      ring_copies_up_to_(config.ring_copies_up_to),
+      stream_poll_(config.stream_poll),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
 
 ShmChannel::~ShmChannel() { unmap_all(); }
 
 Status ShmChannel::create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                          std::string no_cross_memory, uint64_t ring_copies_up_to,
+                          std::string no_cross_memory, const ShmConfig& config,
                           std::shared_ptr<ShmChannel>& out) {
-  std::shared_ptr<ShmChannel> channel(new ShmChannel(
-      std::move(args), std::move(pool), std::move(no_cross_memory), ring_copies_up_to));
+  std::shared_ptr<ShmChannel> channel(
+      new ShmChannel(std::move(args), std::move(pool), std::move(no_cross_memory), config));
   core::random_bytes(channel->probe_);
   if (!channel->dialer_) {
     if (Status s = channel->listen(); !s.ok()) return s;
@@ -421,7 +422,8 @@ void ShmChannel::encode_request_locked(OpState* op) {
     x.length = e.length;
     x.address = reinterpret_cast<uint64_t>(e.local);
     // Messages in the window writes are cut for go through the rings too, in records.
-    if (e.length <= kInlineBytes || bounce_writes().covers(e.length)) {
+    if (e.length <= kInlineBytes ||
+        (e.length <= kMessageRingCopiesUpTo && bounce_writes().covers(e.length))) {
       // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
       LaneCursor& c = op->lanes[0];
       uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);
@@ -679,8 +681,7 @@ void ShmChannel::report_closed() {
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
   std::shared_ptr<ShmChannel> channel;
-  if (Status s =
-          ShmChannel::create(std::move(args), pool_, no_cross_memory_, ring_copies_up_to_, channel);
+  if (Status s = ShmChannel::create(std::move(args), pool_, no_cross_memory_, config_, channel);
       !s.ok()) {
     return s;
   }

@@ -91,7 +91,7 @@ class ShmChannel final : public Channel,
  public:
   // `no_cross_memory`: why this process may not use process_vm_readv ("" when it may).
   static Status create(ChannelArgs args, std::shared_ptr<CopyPool> pool,
-                       std::string no_cross_memory, uint64_t ring_copies_up_to,
+                       std::string no_cross_memory, const ShmConfig& config,
                        std::shared_ptr<ShmChannel>& out);
   ~ShmChannel() override;
 
@@ -137,7 +137,7 @@ class ShmChannel final : public Channel,
 
  private:
   ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool, std::string no_cross_memory,
-             uint64_t ring_copies_up_to);
+             const ShmConfig& config);
   Status listen();
   Status check_peer_credentials(int fd) const;
   // Reads the peer's probe nonce from its memory: whether cross-memory attach works that way.
@@ -149,8 +149,9 @@ class ShmChannel final : public Channel,
   Status send_ring(int fd, std::span<const uint8_t> payload);
   // Takes the peer's ring and bell from a kHello record received on `fd`.
   Status take_ring(int fd, std::vector<uint8_t>& hello);
-  // From a spinning caller: pump_locked() once the peer freed room that records wait for.
-  void refill();
+  // From a polling thread: pump_locked() once the peer freed room that records wait for;
+  // whether it did.
+  bool refill();
 
   // ---- send side, under send_mu_ ----
   // Writes the records owed (control records, answers), then requests while credits last,
@@ -255,7 +256,8 @@ class ShmChannel final : public Channel,
   // Why the two processes cannot pull from each other ("" when they can); set before the
   // channel is published.
   std::string no_cross_memory_;
-  const uint64_t ring_copies_up_to_;  // ShmConfig::ring_copies_up_to
+  const uint64_t ring_copies_up_to_;            // ShmConfig::ring_copies_up_to
+  const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
 
   std::atomic<bool> closing_{false};
   std::atomic<bool> quiesced_{false};
@@ -367,7 +369,7 @@ class ShmTransport final : public Transport {
   ShmTransport(const ShmConfig& config, std::string no_cross_memory)
       : pool_(std::make_shared<CopyPool>(config.copy_threads)),
         no_cross_memory_(std::move(no_cross_memory)),
-        ring_copies_up_to_(config.ring_copies_up_to) {}
+        config_(config) {}
   TransportKind kind() const override { return TransportKind::kShm; }
   // The target's region table checks every access (as over TCP), under its own key.
   static constexpr uint64_t kKeyFlip = 0x73686d5f6b657921ULL;
@@ -381,7 +383,7 @@ class ShmTransport final : public Transport {
  private:
   std::shared_ptr<CopyPool> pool_;  // shared with the channels, which may outlive this
   std::string no_cross_memory_;
-  uint64_t ring_copies_up_to_;  // ShmConfig::ring_copies_up_to
+  ShmConfig config_;
 };
 
 }  // namespace ferry::transport::shm

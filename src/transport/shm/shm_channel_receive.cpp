@@ -115,6 +115,8 @@ Status ShmChannel::consume(bool budget, bool& more) {
       if (s.ok()) s = on_map(v, std::move(file));
     } else if (s.ok()) {
       s = handle(v, pulled);
+      // A full piece is most likely one of many: the next is polled for, not waited for.
+      if (v.payload.size() >= kInlineBytes / 2) host_.reactor().keep_polling(loop_, stream_poll_);
     }
     inbound_.release();
     if (!s.ok()) break;
@@ -144,7 +146,8 @@ Status ShmChannel::receive_file(uint32_t region, core::Fd& file) {
 void ShmChannel::begin_polling() { inbound_.poll_begin(); }
 
 bool ShmChannel::poll() {
-  if (!inbound_.pending()) return false;
+  bool work = room_awaited_.load(std::memory_order_relaxed) && refill();
+  if (!inbound_.pending()) return work;
   try_consume();  // else a waiter takes them
   return true;
 }
@@ -184,15 +187,16 @@ void ShmChannel::watch_poll(bool) {
 // Records that came while we looked and nobody took: the progress thread's.
 void ShmChannel::watch_end() { end_polling(); }
 
-void ShmChannel::refill() {
+bool ShmChannel::refill() {
   Status s;
   {
     // Never waits: whoever holds the lock is writing already.
     std::unique_lock lock(send_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || send_closed_ || !outbound_.room_freed()) return;
+    if (!lock.owns_lock() || send_closed_ || !outbound_.room_freed()) return false;
     s = pump_locked();
   }
   if (!s.ok()) close(s);
+  return true;
 }
 
 Status ShmChannel::handle(const View& r, std::size_t& pulled) {

@@ -179,7 +179,12 @@ bool Ring::wake_needed() {
   return shared(control_->pollers).load() == 0 && shared(control_->bell).exchange(1) == 0;
 }
 
-bool Ring::room_freed() const { return shared(control_->want_room).load() == 0; }
+bool Ring::room_freed() const {
+  // The consumer moving on frees room before it takes the request, which it does only once it
+  // has read all it will (a ring's worth): polling producers fill behind it meanwhile.
+  return shared(control_->head).load(std::memory_order_acquire) != seen_ ||
+         shared(control_->want_room).load() == 0;
+}
 
 Status Ring::peek(std::size_t max_length, const uint8_t*& at, std::size_t& length) {
   length = 0;

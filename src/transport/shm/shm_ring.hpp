@@ -55,8 +55,8 @@ class Ring {
   // After writes: whether to ring the consumer's bell (nobody polls the ring and no wake-up is
   // on its way). True at most once until the consumer was woken().
   bool wake_needed();
-  // After a write() that found no room: whether the consumer has since freed some (it took the
-  // request for room, and rings our bell for it too).
+  // After a write() that found no room: whether the consumer has since freed some (it read
+  // on, or took the request for room, for which it rings our bell too).
   bool room_freed() const;
 
   // ---- consumer (one thread at a time) ----

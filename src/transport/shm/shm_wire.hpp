@@ -99,16 +99,23 @@ constexpr uint32_t kMaxEntries = 256;
 // 1 MiB write p50 51 -> 23 us, 24 KiB send 3.7 -> 1.2 us. 64 KiB slices (1 MiB rings) moved
 // writes as much, sends less (30.5 GB/s).
 constexpr std::size_t kInlineBytes = 32 << 10;
-// Writes and messages from this many bytes in all (up to ShmConfig::ring_copies_up_to, 2 MiB by
-// default) ride in records too, cut into kInlineBytes slices, although process_vm_readv could
-// pull them: the rings' copies run in cache, pipelined on both sides, where one process_vm_readv of
-// 512 KiB-1 MiB walks its pages alone. `ferry bench --transport shm`, 2026-11-25, MB/s pulled
+// Writes and messages from this many bytes in all (up to ShmConfig::ring_copies_up_to, 16 MiB
+// by default; messages up to kMessageRingCopiesUpTo) ride in records too, cut into kInlineBytes
+// slices, although process_vm_readv could pull them: the rings' copies run in cache, pipelined on
+// both sides, where one process_vm_readv of 512 KiB-1 MiB walks its pages alone. `ferry bench
+// --transport shm`, 2026-11-25, MB/s pulled
 // -> through the rings, one write at a time: 128 KiB 11327 -> 6817, 256 KiB 13082 -> 17698,
 // 1 MiB 7459 -> 18680, 2 MiB 8654 -> 6040-9828; 8 in flight: 256 KiB 13729 -> 26310, 1 MiB
 // 10481 -> 22530 (16 KiB slices then; with 32 KiB ones 2 MiB gains too: ShmConfig). Below
 // 256 KiB a pull is one record where the rings take several, each a chance to find the
 // target's vCPU idle (~24 us to wake here).
 constexpr std::size_t kRingCopiesFrom = 256 << 10;
+// Messages ride in records only up to this size, whatever ShmConfig::ring_copies_up_to: one
+// that finds no receive posted is buffered whole at the receiver (a pulled one waits at the
+// sender, no copy), and then moves twice more. One at a time, where the receiver posts the next
+// receive only after taking a message, 4-16 MiB sends through the rings moved 6-10 GB/s, pulled
+// 11-18 (`ferry bench --transport shm --op send --ring-copies 16M`, 2026-11-25).
+constexpr std::size_t kMessageRingCopiesUpTo = 2 << 20;
 // An error text in a response.
 constexpr std::size_t kMaxTextBytes = 512;
 // The largest record: a full table and the inline bytes.
