@@ -80,7 +80,7 @@ struct ShmConfig {
   // do: then only slices of 32 KiB or less ride in the rings. The initiating (sending) engine's
   // setting counts. Where caches or the kernel's page walks differ, `ferry bench --transport shm
   // --ring-copies` finds the crossover. 2 -> 16 MiB, with stream_poll below, 8 in flight from
-  // one area: 16 MiB writes 11-13 -> 15-21 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
+  // one area: 16 MiB writes 11-13 -> 15-19 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
   // Messages stay at 2 MiB: one that finds no receive posted would be buffered whole.
   uint64_t ring_copies_up_to = 16 << 20;
   // While a transfer streams through the rings (a piece of 16 KiB or more just taken), the
@@ -88,7 +88,7 @@ struct ShmConfig {
   // it the two sides took turns, each waking the other (about 24 us a wake-up on a 2-core VM):
   // through the rings, 8 in flight from one area, 16 MiB messages moved 7.3-7.5 GB/s, with
   // 20 us 18-21 GB/s; writes 12-19 -> 18-19 (0 vs 20 us, 3 interleaved rounds). Small records
-  // never start it. 0 turns it off.
+  // never start it. 0 turns it off; at most 1 s.
   Duration stream_poll = std::chrono::microseconds(20);
 };
 

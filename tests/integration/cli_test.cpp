@@ -316,8 +316,9 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
       << allocated;
   EXPECT_EQ(std::count(allocated.begin(), allocated.end(), '\n'), 8) << allocated;
   EXPECT_EQ(allocated.find("\"verified\":false"), std::string::npos) << allocated;
-  // Mid-size writes pulled with process_vm_readv instead of riding in the rings, and streams
-  // through the rings with nobody polling for their next piece: still byte-exact.
+  // Mid-size writes pulled with process_vm_readv instead of riding in the rings, and writes and
+  // messages streaming through the rings with nobody polling for their next piece (messages
+  // above 2 MiB are pulled): still byte-exact.
   std::string pulled;
   ASSERT_EQ(run("bench --ring-copies 0 --op write,write_imm,send --sizes 3000007 --iters 3 "
                 "--concurrency 2 --json",
@@ -325,7 +326,7 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
             0)
       << pulled;
   std::string unpolled;
-  ASSERT_EQ(run("bench --stream-poll-us 0 --op write,send --sizes 3000007 --iters 3 "
+  ASSERT_EQ(run("bench --stream-poll-us 0 --op write,send --sizes 1000003,3000007 --iters 3 "
                 "--concurrency 2 --json",
                 unpolled),
             0)

@@ -275,5 +275,25 @@ TEST(EngineRoutes, TheEnvironmentOrdersAndRestrictsTheTransports) {
   }
 }
 
+// The same-host transport's settings out of range stop the engine with the setting named.
+TEST(EngineRoutes, SameHostSettingsOutOfRangeAreRefused) {
+  Config c = test_config();
+  c.transports = {TransportKind::kShm, TransportKind::kTcp};
+  for (Duration bad : {Duration(-1), Duration(std::chrono::seconds(2))}) {
+    Config wrong = c;
+    wrong.shm.stream_poll = bad;
+    try {
+      Engine e(wrong);
+      ADD_FAILURE() << "stream_poll " << bad.count() << " ns was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_TRUE(contains(e.what(), "shm.stream_poll must be 0 to 1 s")) << e.what();
+    }
+  }
+  Config off = c;
+  off.shm.stream_poll = Duration::zero();
+  EXPECT_NO_THROW(Engine{off});
+}
+
 }  // namespace
 }  // namespace ferry::test

@@ -88,6 +88,19 @@ TEST(ShmRing, AFullRingRefusesWholeRecordsAndTheConsumerIsAskedForRoomOnce) {
   EXPECT_EQ(n, 0u);
 }
 
+// A sleeping producer learns of room from the request's answer alone (its bell's reason).
+TEST(ShmRing, TakingTheRequestForRoomTellsTheProducer) {
+  Pair p;
+  std::vector<uint8_t> record(kMaxRecordBytes, 3);
+  while (p.producer.write(record)) {
+  }
+  EXPECT_FALSE(p.producer.room_freed());
+  EXPECT_TRUE(p.consumer.room_wanted());
+  EXPECT_TRUE(p.producer.room_freed()) << "the request was taken";
+  EXPECT_FALSE(p.producer.write(record)) << "yet nothing was read: still full";
+  EXPECT_FALSE(p.producer.room_freed()) << "asked again";
+}
+
 // A record read in place (peek) keeps its room until it is released: the producer cannot
 // overwrite the bytes being copied out of it.
 TEST(ShmRing, APeekedRecordKeepsItsRoomUntilReleased) {

@@ -18,6 +18,9 @@ std::unique_ptr<Transport> open(const Config& config, std::string&) {
     throw Error(ErrorCode::kInvalidArgument,
                 "config: shm.copy_threads must be 0.." + std::to_string(shm::kMaxCopyThreads));
   }
+  if (config.shm.stream_poll < Duration::zero() || config.shm.stream_poll > shm::kMaxStreamPoll) {
+    throw Error(ErrorCode::kInvalidArgument, "config: shm.stream_poll must be 0 to 1 s");
+  }
   return std::make_unique<shm::ShmTransport>(config.shm, no_cross_memory(config));
 }
 

@@ -38,6 +38,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -68,6 +69,9 @@ constexpr int kRecordsPerWake = 64;
 // peer flooding large writes leaves other peers' small ones a turn after at most this much
 // copying plus one record's (kPullRecordBytes: about 1 ms here).
 constexpr std::size_t kPullBytesPerWake = 1 << 20;
+// ShmConfig::stream_poll's ceiling: a progress thread that polls longer after each piece is a
+// busy-polling one (Config::busy_poll says so instead).
+constexpr std::chrono::nanoseconds kMaxStreamPoll = std::chrono::seconds(1);
 // Bytes of a write's large slices one record asks the target to pull: one process_vm_readv,
 // split over the copy threads. 64 MiB writes against one process_vm_readv stream here
 // (bench/compare_shm.sh): 1 MiB records (a slice) 0.94x, 4 MiB ~1.45x, 8 MiB 1.3-1.75x, 16 MiB
@@ -150,7 +154,7 @@ class ShmChannel final : public Channel,
   // Takes the peer's ring and bell from a kHello record received on `fd`.
   Status take_ring(int fd, std::vector<uint8_t>& hello);
   // From a polling thread: pump_locked() once the peer freed room that records wait for;
-  // whether it did.
+  // whether it wrote any.
   bool refill();
 
   // ---- send side, under send_mu_ ----
@@ -285,8 +289,8 @@ class ShmChannel final : public Channel,
   uint64_t written_ = 0;          // records written into outbound_
   bool request_pending_ = false;  // out_ holds a request the ring did not take yet
   // The last pump left records for want of room in outbound_: a caller spinning on this
-  // channel writes them once the peer freed some, sooner than the bell wakes our progress
-  // thread (sends of a few MiB refill the ring several times each).
+  // channel, or our polling progress thread, writes them once the peer read on, sooner than
+  // the bell wakes a sleeping one (sends of a few MiB refill the ring several times each).
   std::atomic<bool> room_awaited_{false};
   int credits_ = kRequestsInFlight;
   OpState* queue_head_ = nullptr;

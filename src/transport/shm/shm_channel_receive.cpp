@@ -116,7 +116,9 @@ Status ShmChannel::consume(bool budget, bool& more) {
     } else if (s.ok()) {
       s = handle(v, pulled);
       // A full piece is most likely one of many: the next is polled for, not waited for.
-      if (v.payload.size() >= kInlineBytes / 2) host_.reactor().keep_polling(loop_, stream_poll_);
+      if (s.ok() && v.payload.size() >= kInlineBytes / 2) {
+        host_.reactor().keep_polling(loop_, stream_poll_);
+      }
     }
     inbound_.release();
     if (!s.ok()) break;
@@ -189,14 +191,17 @@ void ShmChannel::watch_end() { end_polling(); }
 
 bool ShmChannel::refill() {
   Status s;
+  bool wrote = false;
   {
     // Never waits: whoever holds the lock is writing already.
     std::unique_lock lock(send_mu_, std::try_to_lock);
     if (!lock.owns_lock() || send_closed_ || !outbound_.room_freed()) return false;
+    const uint64_t before = written_;
     s = pump_locked();
+    wrote = written_ != before;
   }
   if (!s.ok()) close(s);
-  return true;
+  return wrote;
 }
 
 Status ShmChannel::handle(const View& r, std::size_t& pulled) {
