@@ -101,12 +101,12 @@ constexpr uint32_t kMaxEntries = 256;
 constexpr std::size_t kInlineBytes = 32 << 10;
 // Writes and messages from this many bytes in all (up to ShmConfig::ring_copies_up_to, 16 MiB
 // by default; messages up to kMessageRingCopiesUpTo) ride in records too, cut into kInlineBytes
-// slices, although process_vm_readv could pull them: the rings' copies run in cache, pipelined on
-// both sides, where one process_vm_readv of 512 KiB-1 MiB walks its pages alone. `ferry bench
-// --transport shm`, 2026-11-25, MB/s pulled
-// -> through the rings, one write at a time: 128 KiB 11327 -> 6817, 256 KiB 13082 -> 17698,
-// 1 MiB 7459 -> 18680, 2 MiB 8654 -> 6040-9828; 8 in flight: 256 KiB 13729 -> 26310, 1 MiB
-// 10481 -> 22530 (16 KiB slices then; with 32 KiB ones 2 MiB gains too: ShmConfig). Below
+// slices, although process_vm_readv could pull them: the rings' copies run in cache, pipelined
+// on both sides, where one process_vm_readv of 512 KiB-1 MiB walks its pages alone. `ferry
+// bench --transport shm`, 2026-11-25, MB/s pulled -> through the rings, one write at a time:
+// 128 KiB 11327 -> 6817, 256 KiB 13082 -> 17698, 1 MiB 7459 -> 18680, 2 MiB 8654 ->
+// 6040-9828; 8 in flight: 256 KiB 13729 -> 26310, 1 MiB 10481 -> 22530 (16 KiB slices then;
+// with 32 KiB ones 2 MiB gains too, and 16 MiB with ShmConfig::stream_poll: ShmConfig). Below
 // 256 KiB a pull is one record where the rings take several, each a chance to find the
 // target's vCPU idle (~24 us to wake here).
 constexpr std::size_t kRingCopiesFrom = 256 << 10;
