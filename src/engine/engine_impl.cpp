@@ -199,7 +199,8 @@ ImmEvent EngineImpl::pop_imm_locked() {
   return e;
 }
 
-std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
+std::size_t EngineImpl::next_imms(std::span<ImmEvent> out, Duration timeout) {
+  if (out.empty()) return 0;
   // Spins first, as Future::wait does: a notification that comes within Config::wait_spin then
   // costs no wake-up of this thread, nor a futex call on the progress thread delivering it.
   // Frames of ferry emulate through a TCP ferry stream, end to end: p50 72 -> 56 us, p99 193 ->
@@ -217,11 +218,13 @@ std::optional<ImmEvent> EngineImpl::next_imm(Duration timeout) {
     transport::OpPool::spin_any(polled->pools, imms_waiting_, spin, true);
   }
   std::unique_lock lock(imm_mu_);
-  if (!imm_cv_.wait_for(lock, timeout, [&] { return !imms_.empty() || stopping_.load(); }) ||
-      imms_.empty()) {
-    return std::nullopt;
-  }
-  return pop_imm_locked();
+  if (!imm_cv_.wait_for(lock, timeout, [&] { return !imms_.empty() || stopping_.load(); }))
+    return 0;
+  // Everything queued goes in this one turn of the lock, which the progress threads delivering
+  // notifications also take.
+  std::size_t taken = 0;
+  for (; taken < out.size() && !imms_.empty(); ++taken) out[taken] = pop_imm_locked();
+  return taken;
 }
 
 void EngineImpl::update_polled_locked() {

@@ -65,7 +65,7 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   void deregister(RegionRecord& record);
   Peer connect(std::string_view host_port);
   std::optional<Peer> accept(Duration timeout);
-  std::optional<ImmEvent> next_imm(Duration timeout);
+  std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
   void on_imm(std::function<void(const ImmEvent&)> fn);
   void shutdown();
 

@@ -128,7 +128,14 @@ Region Engine::allocate(std::size_t length, Access access) {
 }
 Peer Engine::connect(std::string_view host_port) { return impl_->connect(host_port); }
 std::optional<Peer> Engine::accept(Duration timeout) { return impl_->accept(timeout); }
-std::optional<ImmEvent> Engine::next_imm(Duration timeout) { return impl_->next_imm(timeout); }
+std::optional<ImmEvent> Engine::next_imm(Duration timeout) {
+  ImmEvent event;
+  if (impl_->next_imms({&event, 1}, timeout) == 0) return std::nullopt;
+  return event;
+}
+std::size_t Engine::next_imms(std::span<ImmEvent> out, Duration timeout) {
+  return impl_->next_imms(out, timeout);
+}
 void Engine::on_imm(std::function<void(const ImmEvent&)> fn) { impl_->on_imm(std::move(fn)); }
 void Engine::shutdown() { impl_->shutdown(); }
 EngineStats Engine::stats() const { return impl_->stats(); }

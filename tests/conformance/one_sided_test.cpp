@@ -236,6 +236,41 @@ TEST_P(Conformance, WriteWithImmNotifiesAfterEveryByte) {
   expect_imm_after_every_byte(pair(), 4096, 0x6000);     // one slice carries the immediate
 }
 
+// Engine::next_imms takes what is queued in one call, no more than its room, in order, once.
+TEST_P(Conformance, NextImmsTakesWhatIsQueuedUpToItsRoom) {
+  constexpr uint32_t kWrites = 10;
+  Pair& p = pair();
+  Buffer local(p.initiator, 64, Access::kLocal, 13);
+  Buffer remote(p.target, 64, Access::kRemoteWrite, 14);
+  Descriptor d = remote.region.descriptor();
+  Transfer t{&local.region, 0, &d, 0, 64};
+  std::vector<ImmEvent> out(4);
+  EXPECT_EQ(p.target.next_imms(std::span(out).first(0), kWait), 0u);
+  for (uint32_t round = 0; round < 2; ++round) {
+    for (uint32_t i = 0; i < kWrites; ++i)
+      ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, round * kWrites + i).wait(kWait).ok());
+    // Counted as each arrives, just before it is queued: once all are counted, the calls take
+    // several at a time.
+    auto deadline = Clock::now() + kWait;
+    while (p.target_peer.metrics().imms_received < (round + 1) * kWrites && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    uint32_t next = round * kWrites;
+    bool several = false;
+    while (next < (round + 1) * kWrites) {
+      std::size_t got = p.target.next_imms(out, kWait);
+      ASSERT_GE(got, 1u) << "notification " << next << " never came";
+      ASSERT_LE(got, out.size());
+      several = several || got > 1;
+      for (const ImmEvent& e : std::span(out).first(got)) {
+        EXPECT_EQ(e.imm, next++);
+        EXPECT_EQ(e.peer_engine_id, p.initiator.id());
+      }
+    }
+    EXPECT_TRUE(several) << "one notification per call, with " << kWrites << " queued";
+  }
+  EXPECT_EQ(p.target.next_imms(out, std::chrono::milliseconds(50)), 0u);
+}
+
 TEST_P(Conformance, WriteWithImmCallbackDeliversAndRefusedWritesNotifyNothing) {
   Pair& p = pair();
   Buffer local(p.initiator, 1 << 20, Access::kLocal, 9);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -71,6 +72,12 @@ constexpr auto kHelloWait = 30s;  // for the receiver's hello after connecting
 constexpr auto kEndWait = 10s;    // for the receiver to confirm the end of the stream
 constexpr auto kStopWait = 5s;    // for the sender to end its stream after a stop
 constexpr auto kPoll = 100ms;     // how often waits look at Ctrl-C and the peer
+// The receiver pauses --gather-us between passes while chunks come this many per pause or more
+// (64 KiB chunks faster than 1.3 GB/s with the default pause: then each pass takes several,
+// and slower streams keep their latency), judged over kGatherWindow.
+constexpr uint64_t kGatherAfter = 4;
+constexpr auto kGatherWindow = 1ms;
+constexpr int kMaxGatherMicroseconds = 10'000;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -470,6 +477,7 @@ class Receiver {
     send_hello();
     arrived_.assign(slots, false);
     arrived_ns_.assign(slots, 0);
+    events_.resize(slots);
     credit_every_ = std::max<uint64_t>(1, slots / 4);
     meter_.restart();
     meter_.show_on(o_.web, "ferry stream from " + peer_.address(), engine_, out_);
@@ -506,19 +514,10 @@ class Receiver {
                   << " s of the stop" << std::endl;
         return;
       }
-      std::optional<ImmEvent> ev = engine_.next_imm(kPoll);
-      if (!ev && !peer_.connected()) throw std::runtime_error("its connection closed");
       // Every notification already queued, then one pass over the slots and one credit, rather
       // than a credit per chunk.
-      for (; ev; ev = engine_.next_imm(0ms)) {
-        if (ev->peer.valid() && ev->peer.engine_id() != peer_.engine_id()) continue;
-        if (ev->imm >= slots) {
-          throw std::runtime_error("the sender named slot " + std::to_string(ev->imm) + " of " +
-                                   std::to_string(slots));
-        }
-        arrived_[ev->imm] = true;
-        arrived_ns_[ev->imm] = wall_ns();
-      }
+      uint64_t arrivals = take_arrivals();
+      if (arrivals == 0 && !peer_.connected()) throw std::runtime_error("its connection closed");
       while (!ended && arrived_[consumed_ % slots]) ended = consume(consumed_ % slots);
       if (consumed_ - credited_ >= credit_every_ ||
           (consumed_ > credited_ && !arrived_[consumed_ % slots])) {
@@ -526,7 +525,52 @@ class Receiver {
       }
       meter_.tick();
       if (meter_.due(o_.interval)) progress();
+      // While chunks come fast, the next ones are let gather rather than each waking us. After a
+      // pass of more than half the ring, no pause: another as long could leave the sender
+      // waiting for credits.
+      if (!ended && chunks_come_fast(arrivals) && arrivals <= slots / 2) {
+        auto from = Clock::now();
+        std::this_thread::sleep_for(std::chrono::microseconds(o_.gather_us));
+        gathered_ns_ += ns_between(from, Clock::now());
+      }
     }
+  }
+
+  // Whether, over the last kGatherWindow, at least kGatherAfter chunks came per --gather-us.
+  // Judged by the rate rather than by one pass, since a receiver that wakes for every chunk
+  // finds one per pass however fast they come.
+  bool chunks_come_fast(uint64_t arrivals) {
+    if (o_.gather_us == 0) return false;
+    gather_window_arrivals_ += arrivals;
+    auto now = Clock::now();
+    auto elapsed = now - gather_window_start_;
+    if (elapsed >= kGatherWindow) {
+      come_fast_ = gather_window_arrivals_ * static_cast<uint64_t>(o_.gather_us) * 1000 >=
+                   kGatherAfter * ns_between(gather_window_start_, now);
+      gather_window_arrivals_ = 0;
+      gather_window_start_ = now;
+    }
+    return come_fast_;
+  }
+
+  // Marks the slots that notifications name: those queued, waiting up to kPoll for the first.
+  // Returns how many.
+  uint64_t take_arrivals() {
+    uint64_t arrivals = 0;
+    for (std::size_t got = engine_.next_imms(events_, kPoll); got > 0;
+         got = got < events_.size() ? 0 : engine_.next_imms(events_, 0ms)) {
+      for (const ImmEvent& ev : std::span(events_).first(got)) {
+        if (ev.peer.valid() && ev.peer.engine_id() != peer_.engine_id()) continue;
+        if (ev.imm >= arrived_.size()) {
+          throw std::runtime_error("the sender named slot " + std::to_string(ev.imm) + " of " +
+                                   std::to_string(arrived_.size()));
+        }
+        arrived_[ev.imm] = true;
+        arrived_ns_[ev.imm] = wall_ns();
+        ++arrivals;
+      }
+    }
+    return arrivals;
   }
 
   void send_hello() {
@@ -595,6 +639,7 @@ class Receiver {
 
   ReportLine line(const char* kind, bool since_last) {
     ReportLine r = meter_.line("stream receive", kind, since_last, "sink_wait");
+    r.number("gather_ms", "gathering", static_cast<double>(gathered_ns_) / 1e6, 1, "ms");
     if (o_.verify) {
       const LatencyHistogram& l = checker_.latency();
       r.count("frames", "frames", checker_.frames())
@@ -643,6 +688,11 @@ class Receiver {
   int sink_flags_ = 0;
   std::vector<bool> arrived_;
   std::vector<uint64_t> arrived_ns_;
+  std::vector<ImmEvent> events_;  // what next_imms took, a ring's worth at most per call
+  Clock::time_point gather_window_start_ = Clock::now();
+  uint64_t gather_window_arrivals_ = 0;
+  bool come_fast_ = false;
+  uint64_t gathered_ns_ = 0;  // paused by --gather-us, in all
   uint64_t consumed_ = 0, credited_ = 0, credit_every_ = 1;
   Future sends_[kControlBuffers];
   int next_send_ = 0;
@@ -709,6 +759,12 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
   app.add_option("--late-ms", o.late_ms, "Receive, --verify: frames slower than this are late")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
+  add(app, "--gather-us", o.gather_us, count(0, kMaxGatherMicroseconds),
+      "Receive: while the sender is ahead, pause this long between passes over the ring, so "
+      "that each takes many chunks for one wake-up (adds up to this much latency; 0: none)")
+      ->type_name("US")
+      ->default_str(std::to_string(o.gather_us))
+      ->needs(listen);
   add(app, "--sink-rate", o.sink_rate, rate_value,
       "Receive: write to the sink no faster than this (a slow sink; decimal units)")
       ->type_name("RATE");
