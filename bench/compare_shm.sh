@@ -2,7 +2,8 @@
 # Ferry between two processes of this host (the shm transport) side by side with memcpy, one
 # process_vm_readv stream (bench/shm_baselines) and UCX's shared-memory paths, all in one run,
 # printing ratios. Absolute numbers on shared 2-core machines are noisy; the ratios measured
-# together are what docs/performance.md records.
+# together are what docs/performance.md records. Two process_vm_readv streams against one show
+# what splitting a pull over threads can reach on this host at most (the cma rows' ceiling).
 #   bash bench/compare_shm.sh            (after `make build`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -106,7 +107,7 @@ for run in $(seq 1 "$REPEAT"); do
   rows+=" $(pick "$lat_busy" write 8 p50_us) $(pick "$lat_busy" write_imm 8 p50_us)"
   rows+=" $(pick "$ring" write $M1 mb_per_s) $(pick "$ring" read $M1 mb_per_s)"
   rows+=" $(pick "$tcp" write $M1 mb_per_s) $(pick "$tcp" read $M1 mb_per_s)$ucx_as_is"
-  rows+=" $(pick "$lat_reg" imm_pingpong 8 p50_us)"$'\n'
+  rows+=" $(pick "$lat_reg" imm_pingpong 8 p50_us) $(b cma2_${M64}_mbs)"$'\n'
 done
 
 echo "$rows" | python3 -c '
@@ -114,7 +115,7 @@ import statistics, sys
 runs = [list(map(float, l.split()[1:])) for l in sys.stdin if l.strip()]
 (MC1, MC64, CMA64, MW1, MR1, MW64, MR64, CW64, CR64,
  XMW1, XCW1, XS1, XMW16, XCW16, XS16, U1, U16, LATW, LATPP,
- RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR, UA1, UA16, IPP8) = range(30)
+ RW8, RI8, BW8, BI8, RINGW, RINGR, TCPW, TCPR, UA1, UA16, IPP8, CMA2_64) = range(31)
 def med(i): return statistics.median(r[i] for r in runs)
 def ratio(a, b): return statistics.median(r[a] / r[b] for r in runs if r[b] > 0)
 rows = [
@@ -124,6 +125,7 @@ rows = [
     ("mapped read 64 MiB vs memcpy 64 MiB", MR64, MC64),
     ("cma write 64 MiB vs one process_vm_readv", CW64, CMA64),
     ("cma read 64 MiB vs one process_vm_readv", CR64, CMA64),
+    ("two process_vm_readv streams vs one, 64 MiB", CMA2_64, CMA64),
     ("mapped write 1 MiB x8 vs UCX best", XMW1, U1),
     ("registered write 1 MiB x8 vs UCX best", XCW1, U1),
     ("send 1 MiB x8 vs UCX best", XS1, U1),

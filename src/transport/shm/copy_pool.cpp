@@ -8,6 +8,21 @@
 #include "core/sys.hpp"
 
 namespace ferry::transport::shm {
+namespace {
+
+// Spins while `busy()`, for kCopySpin at most.
+template <typename Busy>
+void spin_while(Busy busy) {
+  auto until = std::chrono::steady_clock::now() + kCopySpin;
+  for (unsigned i = 0; busy(); ++i) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    if (i % 64 == 63 && std::chrono::steady_clock::now() >= until) return;
+  }
+}
+
+}  // namespace
 
 Status pull_once(pid_t pid, const iovec* local, const iovec* remote, std::size_t n,
                  uint64_t total) {
@@ -125,6 +140,7 @@ Status CopyPool::split(pid_t pid, const iovec* local, const iovec* remote, std::
       }
     }
     call.left = count;
+    untaken_ += count;
   }
   work_.notify_all();
   Status status = run_part(mine);
@@ -135,9 +151,11 @@ Status CopyPool::split(pid_t pid, const iovec* local, const iovec* remote, std::
       std::lock_guard lock(mu_);
       if (part.call != &call || part.taken) continue;
       part.taken = true;
+      --untaken_;
     }
     copy(part);
   }
+  spin_while([&] { return call.left.load(std::memory_order_acquire) != 0; });
   std::unique_lock lock(mu_);
   done_.wait(lock, [&] { return call.left == 0; });
   return status.ok() ? call.failed : status;
@@ -156,6 +174,7 @@ void CopyPool::copy(Part& part) {
 
 void CopyPool::run() {
   std::unique_lock lock(mu_);
+  bool spun = false;  // since its last part
   for (;;) {
     Part* next = nullptr;
     for (Part& p : parts_) {
@@ -166,10 +185,19 @@ void CopyPool::run() {
     }
     if (next == nullptr) {
       if (stop_) return;
+      if (!spun) {
+        spun = true;
+        lock.unlock();
+        spin_while([&] { return untaken_.load(std::memory_order_acquire) == 0; });
+        lock.lock();
+        continue;
+      }
       work_.wait(lock);
       continue;
     }
+    spun = false;
     next->taken = true;
+    --untaken_;
     lock.unlock();
     copy(*next);
     lock.lock();
