@@ -319,7 +319,7 @@ class FERRY_API Engine {
   std::optional<ImmEvent> next_imm(Duration timeout);
   // Like next_imm, then every notification already queued up to out.size(), in one turn of the
   // lock the progress threads also take to queue them; how many were written to `out` (0: none
-  // within `timeout`).
+  // within `timeout`, an empty `out`, or the engine shut down).
   std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
   // Delivers notifications to `fn` instead of the queue, on the thread that takes them from
   // the channel: a progress thread, or a caller polling it (Future::wait, next_imm).

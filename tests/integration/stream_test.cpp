@@ -129,11 +129,12 @@ TEST_P(StreamOver, EmulatorFramesArriveInOrderWithTheirChecksums) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, StreamOver, testing::Values("auto", "tcp", "verbs"));
 
-// A file through a ring of `slots` slots of 64 KiB, the receiver pausing `gather_us` between
-// passes while chunks come fast; returns the receiver's summary.
-std::string stream_a_file_byte_exact(const std::string& slots, const std::string& gather_us) {
+// A file of `bytes` bytes through a ring of `slots` slots of 64 KiB, the receiver pausing
+// `gather_us` between passes while chunks come fast; returns the receiver's summary.
+std::string stream_a_file_byte_exact(std::size_t size, const std::string& slots,
+                                     const std::string& gather_us) {
   TempDir dir;
-  std::vector<char> bytes(5 * 1048576 + 12345);
+  std::vector<char> bytes(size);
   std::mt19937 random(3);
   for (char& b : bytes) b = static_cast<char>(random());
   std::ofstream(dir.file("in.bin"), std::ios::binary)
@@ -156,15 +157,18 @@ std::string stream_a_file_byte_exact(const std::string& slots, const std::string
 }
 
 TEST(Stream, AFileArrivesByteExactThroughSlotsUsedManyTimes) {
-  (void)stream_a_file_byte_exact("3", "200");
+  std::string rx = stream_a_file_byte_exact(5 * 1048576 + 12345, "3", "200");
+  EXPECT_EQ(field(rx, "gather_ms"), 0) << "three slots are too few to gather in: " << rx;
 }
 
-// With the longest pause, chunks count as fast from 0.4 per ms (26 MB/s), which a file over
-// loopback outpaces even in a sanitizer build: the receiver gathers, and every byte arrives.
+// With the longest pause, chunks count as fast from 0.4 per ms (26 MB/s), which a file outpaces
+// even in a sanitizer build, and 32 MiB outlast the first millisecond the rate is judged over
+// even on a fast host: the receiver gathers, and every byte arrives.
 TEST(Stream, AFileArrivesByteExactWhileTheReceiverGathersChunks) {
-  std::string rx = stream_a_file_byte_exact("16", "10000");
+  constexpr std::size_t kBytes = 32 * 1048576 + 777;
+  std::string rx = stream_a_file_byte_exact(kBytes, "16", "10000");
   EXPECT_GT(field(rx, "gather_ms"), 0) << rx;
-  EXPECT_EQ(field(stream_a_file_byte_exact("16", "0"), "gather_ms"), 0);
+  EXPECT_EQ(field(stream_a_file_byte_exact(kBytes, "16", "0"), "gather_ms"), 0);
 }
 
 TEST(Stream, ASlowSinkSlowsTheSourceAndLosesNothing) {

@@ -501,6 +501,7 @@ class Receiver {
   // answer in time), returning credits.
   void receive() {
     const uint64_t slots = arrived_.size();
+    gather_window_start_ = Clock::now();  // the rate from the stream's start, not set-up's
     bool ended = false;
     Clock::time_point stop_deadline = Clock::time_point::max();
     while (!ended) {
@@ -527,8 +528,9 @@ class Receiver {
       if (meter_.due(o_.interval)) progress();
       // While chunks come fast, the next ones are let gather rather than each waking us. After a
       // pass of more than half the ring, no pause: another as long could leave the sender
-      // waiting for credits.
-      if (!ended && chunks_come_fast(arrivals) && arrivals <= slots / 2) {
+      // waiting for credits. A ring too small to gather kGatherAfter in half of it never pauses.
+      if (!ended && arrivals > 0 && arrivals <= slots / 2 && slots / 2 >= kGatherAfter &&
+          chunks_come_fast(arrivals)) {
         auto from = Clock::now();
         std::this_thread::sleep_for(std::chrono::microseconds(o_.gather_us));
         gathered_ns_ += ns_between(from, Clock::now());
@@ -689,7 +691,7 @@ class Receiver {
   std::vector<bool> arrived_;
   std::vector<uint64_t> arrived_ns_;
   std::vector<ImmEvent> events_;  // what next_imms took, a ring's worth at most per call
-  Clock::time_point gather_window_start_ = Clock::now();
+  Clock::time_point gather_window_start_;
   uint64_t gather_window_arrivals_ = 0;
   bool come_fast_ = false;
   uint64_t gathered_ns_ = 0;  // paused by --gather-us, in all

@@ -156,6 +156,7 @@ Status CopyPool::split(pid_t pid, const iovec* local, const iovec* remote, std::
     copy(part);
   }
   spin_while([&] { return call.left.load(std::memory_order_acquire) != 0; });
+  // Taken even when the spin saw every part done: a helper lets go of `call` only with mu_.
   std::unique_lock lock(mu_);
   done_.wait(lock, [&] { return call.left == 0; });
   return status.ok() ? call.failed : status;
