@@ -23,6 +23,7 @@
 #include "ferry/ferry.hpp"
 #include "flags.hpp"
 #include "frames.hpp"
+#include "gather.hpp"
 #include "gauge.hpp"
 #include "report.hpp"
 
@@ -57,6 +58,9 @@ struct SlotHeader {
   uint64_t sequence = 0;  // of the chunk: 0, 1, 2, ...
 };
 constexpr uint32_t kEndOfStream = 1;
+// The sender had more of its source ready when it wrote this chunk: the transport, not the
+// source, sets the pace, and the receiver may let chunks gather (gather.hpp).
+constexpr uint32_t kSenderAhead = 2;
 
 struct Control {
   enum Type : uint32_t { kCredit = 1, kStop = 2, kDone = 3 };
@@ -66,18 +70,13 @@ struct Control {
 };
 
 // Receives the sender keeps posted for control messages, and send buffers the receiver turns
-// through: credits are coalesced (one per quarter ring at most), so a few suffice.
+// through: credits are coalesced (one per quarter ring), so a few suffice.
 constexpr int kControlBuffers = 8;
 constexpr auto kHelloWait = 30s;  // for the receiver's hello after connecting
 constexpr auto kEndWait = 10s;    // for the receiver to confirm the end of the stream
 constexpr auto kStopWait = 5s;    // for the sender to end its stream after a stop
 constexpr auto kPoll = 100ms;     // how often waits look at Ctrl-C and the peer
-// The receiver pauses --gather-us between passes while chunks come this many per pause or more
-// (64 KiB chunks faster than 1.3 GB/s with the default pause: then each pass takes several,
-// and slower streams keep their latency), judged over kGatherWindow.
-constexpr uint64_t kGatherAfter = 4;
-constexpr auto kGatherWindow = 1ms;
-constexpr int kMaxGatherMicroseconds = 10'000;
+constexpr int kMaxGatherMicroseconds = 1'000'000;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -193,6 +192,9 @@ class Source {
 
   std::string name() const { return at_.to_string(); }
   bool ended() const { return ended_; }
+  // Whether the last fill found its bytes waiting: the generator always does; a descriptor did
+  // when it filled all the room without waiting for the source.
+  bool ahead() const { return ahead_; }
   uint64_t waited_ns() const { return waited_ns_; }
 
   // Fills up to `room` bytes at `p`: at least one unless the source ended or `stop` was set.
@@ -200,6 +202,7 @@ class Source {
     if (at_.kind == Endpoint::Kind::kGenerator) {
       uint64_t frames = std::min(frames_per_slot_, room / frame_);
       if (frames == 0) ended_ = true;  // --bytes leaves no room for a whole frame
+      ahead_ = true;
       for (uint64_t f = 0; f < frames; ++f) {
         FrameHeader h;
         h.length = static_cast<uint32_t>(frame_ - FrameHeader::kBytes);
@@ -211,6 +214,7 @@ class Source {
       return frames * frame_;
     }
     uint64_t got = 0;
+    bool waited = false;
     while (got < room && !ended_) {
       ssize_t n = ::read(fd_.get(), p + got, room - got);
       if (n > 0) {
@@ -225,10 +229,12 @@ class Source {
       if (errno != EAGAIN) throw std::runtime_error("read " + name() + ": " + std::strerror(errno));
       if (got > 0 || stop.load()) break;  // what is here goes now: latency over fuller slots
       auto from = Clock::now();
+      waited = true;
       pollfd pfd{fd_.get(), POLLIN, 0};
       ::poll(&pfd, 1, static_cast<int>(kPoll.count()));
       waited_ns_ += ns_between(from, Clock::now());
     }
+    ahead_ = got == room && !waited;
     return got;
   }
 
@@ -237,6 +243,7 @@ class Source {
   OwnedFd fd_;
   int flags_ = 0;
   bool ended_ = false;
+  bool ahead_ = false;
   uint64_t waited_ns_ = 0;
   // The generator's frames.
   uint64_t frame_;
@@ -295,7 +302,7 @@ class Sender {
         if (source.ended()) return "the source ended";
         continue;  // stopped, or nothing yet
       }
-      post_slot(slot, n, 0);
+      post_slot(slot, n, source.ahead() ? kSenderAhead : 0);
       meter_.bytes += n;
       if (meter_.due(o_.interval)) progress();
     }
@@ -479,6 +486,7 @@ class Receiver {
     arrived_ns_.assign(slots, 0);
     events_.resize(slots);
     credit_every_ = std::max<uint64_t>(1, slots / 4);
+    gathering_.emplace(std::chrono::microseconds(o_.gather_us), slots);
     meter_.restart();
     meter_.show_on(o_.web, "ferry stream from " + peer_.address(), engine_, out_);
     try {
@@ -501,7 +509,6 @@ class Receiver {
   // answer in time), returning credits.
   void receive() {
     const uint64_t slots = arrived_.size();
-    gather_window_start_ = Clock::now();  // the rate from the stream's start, not set-up's
     bool ended = false;
     Clock::time_point stop_deadline = Clock::time_point::max();
     while (!ended) {
@@ -520,39 +527,21 @@ class Receiver {
       uint64_t arrivals = take_arrivals();
       if (arrivals == 0 && !peer_.connected()) throw std::runtime_error("its connection closed");
       while (!ended && arrived_[consumed_ % slots]) ended = consume(consumed_ % slots);
-      if (consumed_ - credited_ >= credit_every_ ||
-          (consumed_ > credited_ && !arrived_[consumed_ % slots])) {
+      // A credit per quarter ring, not one per pass (a receiver that keeps up would send one for
+      // nearly every chunk). None is owed sooner: the sender is short of slots only while more
+      // than three quarters of the ring is sent and not consumed, and those chunks bring it.
+      if (consumed_ - credited_ >= credit_every_ || (ended && consumed_ > credited_))
         send_control(ended ? Control::kDone : Control::kCredit);
-      }
       meter_.tick();
       if (meter_.due(o_.interval)) progress();
-      // While chunks come fast, the next ones are let gather rather than each waking us. After a
-      // pass of more than half the ring, no pause: another as long could leave the sender
-      // waiting for credits. A ring too small to gather kGatherAfter in half of it never pauses.
-      if (!ended && arrivals > 0 && arrivals <= slots / 2 && slots / 2 >= kGatherAfter &&
-          chunks_come_fast(arrivals)) {
+      if (ended) continue;
+      auto pause = gathering_->after_pass(Clock::now(), arrivals, ahead_in_a_row_);
+      if (pause.count() > 0) {
         auto from = Clock::now();
-        std::this_thread::sleep_for(std::chrono::microseconds(o_.gather_us));
+        std::this_thread::sleep_for(pause);
         gathered_ns_ += ns_between(from, Clock::now());
       }
     }
-  }
-
-  // Whether, over the last kGatherWindow, at least kGatherAfter chunks came per --gather-us.
-  // Judged by the rate rather than by one pass, since a receiver that wakes for every chunk
-  // finds one per pass however fast they come.
-  bool chunks_come_fast(uint64_t arrivals) {
-    if (o_.gather_us == 0) return false;
-    gather_window_arrivals_ += arrivals;
-    auto now = Clock::now();
-    auto elapsed = now - gather_window_start_;
-    if (elapsed >= kGatherWindow) {
-      come_fast_ = gather_window_arrivals_ * static_cast<uint64_t>(o_.gather_us) * 1000 >=
-                   kGatherAfter * ns_between(gather_window_start_, now);
-      gather_window_arrivals_ = 0;
-      gather_window_start_ = now;
-    }
-    return come_fast_;
   }
 
   // Marks the slots that notifications name: those queued, waiting up to kPoll for the first.
@@ -601,6 +590,7 @@ class Receiver {
     }
     if (h.length > o_.slot_bytes - sizeof h)
       throw std::runtime_error("a chunk claims more bytes than its slot holds");
+    ahead_in_a_row_ = (h.flags & kSenderAhead) != 0 ? ahead_in_a_row_ + 1 : 0;
     const uint8_t* payload = slot_at(slot) + sizeof h;
     if (o_.verify) checker_.feed(payload, h.length, arrived_ns_[slot]);
     if (sink_.get() >= 0) {
@@ -634,6 +624,7 @@ class Receiver {
     uint64_t offset = kHelloBytes + next_send_ * sizeof(Control);
     std::memcpy(static_cast<uint8_t*>(control_.data()) + offset, &c, sizeof c);
     previous = peer_.send(kControlTag, control_, offset, sizeof c);
+    ++controls_sent_;
     next_send_ = (next_send_ + 1) % kControlBuffers;
     credited_ = consumed_;
     if (type == Control::kDone) check(previous.wait(kEndWait), "confirm the end of the stream");
@@ -641,7 +632,8 @@ class Receiver {
 
   ReportLine line(const char* kind, bool since_last) {
     ReportLine r = meter_.line("stream receive", kind, since_last, "sink_wait");
-    r.number("gather_ms", "gathering", static_cast<double>(gathered_ns_) / 1e6, 1, "ms");
+    r.number("gather_ms", "gathering", static_cast<double>(gathered_ns_) / 1e6, 1, "ms")
+        .count("credits", "credits", controls_sent_);
     if (o_.verify) {
       const LatencyHistogram& l = checker_.latency();
       r.count("frames", "frames", checker_.frames())
@@ -691,10 +683,10 @@ class Receiver {
   std::vector<bool> arrived_;
   std::vector<uint64_t> arrived_ns_;
   std::vector<ImmEvent> events_;  // what next_imms took, a ring's worth at most per call
-  Clock::time_point gather_window_start_;
-  uint64_t gather_window_arrivals_ = 0;
-  bool come_fast_ = false;
-  uint64_t gathered_ns_ = 0;  // paused by --gather-us, in all
+  std::optional<Gathering> gathering_;
+  uint64_t ahead_in_a_row_ = 0;  // the newest chunks consumed that the sender marked ahead
+  uint64_t gathered_ns_ = 0;     // paused between passes, in all
+  uint64_t controls_sent_ = 0;   // credits, stop and done
   uint64_t consumed_ = 0, credited_ = 0, credit_every_ = 1;
   Future sends_[kControlBuffers];
   int next_send_ = 0;
@@ -762,8 +754,9 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   add(app, "--gather-us", o.gather_us, count(0, kMaxGatherMicroseconds),
-      "Receive: while the sender is ahead, pause this long between passes over the ring, so "
-      "that each takes many chunks for one wake-up (adds up to this much latency; 0: none)")
+      "Receive: while the sender has more ready than the transport takes, pause between "
+      "passes over the ring for about 12 chunks' time, so that one wake-up takes many; at most "
+      "this long (the latency it may add; 0: never pause)")
       ->type_name("US")
       ->default_str(std::to_string(o.gather_us))
       ->needs(listen);
