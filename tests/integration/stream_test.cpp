@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -180,6 +181,37 @@ TEST(Stream, FramesArriveWholeWhileTheReceiverGathersThem) {
     } else {
       EXPECT_GT(field(rx, "gather_ms"), 0) << rx;
     }
+  }
+}
+
+// A sender made by hand names a run of slots outside the receiver's ring of 8: one that starts
+// beyond it, one longer than it. The receiver ends with an error naming what it was sent.
+TEST(Stream, ARunOfSlotsOutsideTheRingEndsTheReceiverWithAnErrorNamingIt) {
+  constexpr uint64_t kHelloTag = 0x4652595300000001;
+  for (uint32_t imm : {uint32_t{8}, uint32_t{8} << 16}) {
+    Background receiver(
+        {"stream", "--listen", "127.0.0.1:0", "--slots", "8", "--slot-bytes", "4K", "--json"});
+    std::string at = listening_on(receiver);
+    Config config;
+    config.listen = false;
+    Engine engine(config);
+    Peer peer = engine.connect(at);
+    Region hello = engine.allocate(4096, Access::kLocal);
+    Future got = peer.recv(kHelloTag, hello, 0, 4096);
+    ASSERT_TRUE(got.wait(std::chrono::seconds(30)).ok());
+    const auto* h = static_cast<const uint8_t*>(hello.data());
+    uint16_t descriptor_bytes = 0;
+    std::memcpy(&descriptor_bytes, h + 6, sizeof descriptor_bytes);
+    Descriptor ring = Descriptor::decode({h + 16, descriptor_bytes});
+    Region chunk = engine.allocate(4096, Access::kLocal);
+    Transfer t{&chunk, 0, &ring, 0, 16};
+    EXPECT_TRUE(peer.write_with_imm({&t, 1}, imm).wait(std::chrono::seconds(30)).ok());
+    remaining_lines(receiver);
+    EXPECT_EQ(receiver.wait(), 1);
+    std::string errors = receiver.errors();
+    std::string named =
+        imm == 8 ? "the sender named 1 slots from 8 of 8" : "the sender named 9 slots from 0 of 8";
+    EXPECT_NE(errors.find(named), std::string::npos) << errors;
   }
 }
 

@@ -40,7 +40,7 @@ using namespace std::chrono_literals;
 constexpr uint64_t kHelloTag = 0x4652595300000001;  // "FRYS"
 constexpr uint64_t kControlTag = kHelloTag + 1;
 constexpr uint32_t kHelloMagic = 0x52545346;  // "FSTR"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: an immediate names a run of slots
 constexpr std::size_t kHelloBytes = 4096;  // the hello and the ring's descriptor fit in this
 
 struct Hello {
@@ -61,6 +61,17 @@ constexpr uint32_t kEndOfStream = 1;
 // The sender had more of its source ready when it wrote this chunk: the transport, not the
 // source, sets the pace, and the receiver may let chunks gather (gather.hpp).
 constexpr uint32_t kSenderAhead = 2;
+
+// The immediate of a write: the first slot it filled in its low 16 bits, how many slots after
+// it (in ring order) in the high 16.
+constexpr uint32_t kImmRunShift = 16;
+constexpr uint64_t kMaxSlots = uint64_t{1} << kImmRunShift;
+// While the sender is ahead it writes up to this many slots as one write_with_imm, at most a
+// quarter of its window: one notification, one completion and (over verbs) one doorbell for
+// them all. Over verbs in the Soft-RoCE guest, where each costs the emulated CPU, a stream of
+// 64 KiB chunks against ferry bench write (16 in flight) went from 0.81-1.00x, 1.25x the
+// bench's CPU time per byte, to 0.83-1.16x (median 1.00), 1.10x the CPU time, in five rounds.
+constexpr uint64_t kMaxRun = 4;
 
 struct Control {
   enum Type : uint32_t { kCredit = 1, kStop = 2, kDone = 3 };
@@ -268,6 +279,7 @@ class Sender {
               << human_size(slot_bytes_) << ", " << window_ << " in flight at most" << std::endl;
     for (int i = 0; i < kControlBuffers; ++i) post_control_receive(i);
     writes_.resize(slots_);
+    run_.reserve(max_run_);
     meter_.restart();
     meter_.show_on(o_.web, "ferry stream to " + peer_.address(), engine_, std::cout);
     std::string ended_by;
@@ -294,16 +306,23 @@ class Sender {
       if (o_.duration > 0 && seconds_between(meter_.start, Clock::now()) >= o_.duration)
         return "--duration reached";
       if (!wait_for_slot(Clock::time_point::max())) continue;  // stopped meanwhile
-      uint64_t slot = sent_ % slots_;
-      uint64_t room = slot_bytes_ - sizeof(SlotHeader);
-      if (o_.limit_bytes != 0) room = std::min(room, o_.limit_bytes - meter_.bytes);
-      uint64_t n = source.fill(slot_at(slot) + sizeof(SlotHeader), room, stop_);
-      if (n == 0) {
+      // A run of slots while the source is ahead and the next slot is free without waiting.
+      uint64_t n = 0;
+      do {
+        uint64_t slot = sent_ % slots_;
+        uint64_t room = slot_bytes_ - sizeof(SlotHeader);
+        if (o_.limit_bytes != 0) room = std::min(room, o_.limit_bytes - meter_.bytes);
+        n = source.fill(slot_at(slot) + sizeof(SlotHeader), room, stop_);
+        if (n == 0) break;
+        add_slot(slot, n, source.ahead() ? kSenderAhead : 0);
+        meter_.bytes += n;
+      } while (run_.size() < max_run_ && source.ahead() &&
+               (o_.limit_bytes == 0 || meter_.bytes < o_.limit_bytes) && slot_free_now());
+      if (run_.empty()) {
         if (source.ended()) return "the source ended";
         continue;  // stopped, or nothing yet
       }
-      post_slot(slot, n, source.ahead() ? kSenderAhead : 0);
-      meter_.bytes += n;
+      post_run();
       if (meter_.due(o_.interval)) progress();
     }
   }
@@ -332,13 +351,14 @@ class Sender {
       throw std::runtime_error("the receiver speaks stream version " + std::to_string(h.version) +
                                ", this sender " + std::to_string(kVersion));
     }
-    if (h.slots == 0 || h.slot_bytes <= sizeof(SlotHeader) ||
+    if (h.slots == 0 || h.slots > kMaxSlots || h.slot_bytes <= sizeof(SlotHeader) ||
         sizeof h + h.descriptor_bytes > f.bytes()) {
       throw std::runtime_error("the receiver's hello is malformed");
     }
     slots_ = h.slots;
     slot_bytes_ = h.slot_bytes;
     window_ = o_.window > 0 ? std::min<uint64_t>(static_cast<uint64_t>(o_.window), slots_) : slots_;
+    max_run_ = std::clamp<uint64_t>(window_ / 4, 1, kMaxRun);
     ring_ = Descriptor::decode(
         {static_cast<const uint8_t*>(control_.data()) + sizeof h, h.descriptor_bytes});
     if (ring_.length < slots_ * slot_bytes_)
@@ -403,13 +423,29 @@ class Sender {
     return true;
   }
 
-  void post_slot(uint64_t slot, uint64_t length, uint32_t flags) {
+  // Whether the next slot is free now: consumed, its write complete, and the window not full.
+  bool slot_free_now() {
+    if (sent_ - consumed_ >= slots_) return false;
+    if (sent_ >= slots_ && !writes_[sent_ % slots_].test()) return false;
+    return window_ >= slots_ || sent_ < window_ || writes_[(sent_ - window_) % slots_].test();
+  }
+
+  // The chunk in `slot` joins the run that post_run writes.
+  void add_slot(uint64_t slot, uint64_t length, uint32_t flags) {
     SlotHeader h{static_cast<uint32_t>(length), flags, sent_};
     std::memcpy(slot_at(slot), &h, sizeof h);
-    Transfer t{&staging_, slot * slot_bytes_, &ring_, slot * slot_bytes_, sizeof h + length};
-    writes_[slot] = peer_.write_with_imm({&t, 1}, static_cast<uint32_t>(slot));
+    run_.push_back({&staging_, slot * slot_bytes_, &ring_, slot * slot_bytes_, sizeof h + length});
     ++sent_;
     ++meter_.chunks;
+  }
+
+  // The run as one write_with_imm: each of its slots waits on the same write.
+  void post_run() {
+    uint64_t first = (sent_ - run_.size()) % slots_;
+    auto imm = static_cast<uint32_t>(first | (run_.size() - 1) << kImmRunShift);
+    Future f = peer_.write_with_imm(run_, imm);
+    for (uint64_t i = 0; i < run_.size(); ++i) writes_[(first + i) % slots_] = f;
+    run_.clear();
   }
 
   // The end-of-stream chunk, then the receiver's confirmation.
@@ -417,7 +453,8 @@ class Sender {
     auto deadline = Clock::now() + kEndWait;
     while (!wait_for_slot(deadline)) {
     }
-    post_slot(sent_ % slots_, 0, kEndOfStream);
+    add_slot(sent_ % slots_, 0, kEndOfStream);
+    post_run();
     while (!done_) {
       if (Clock::now() >= deadline)
         throw std::runtime_error("the receiver did not confirm the end of the stream");
@@ -441,6 +478,8 @@ class Sender {
   Future controls_[kControlBuffers];
   int next_control_ = 0;
   std::vector<Future> writes_;
+  std::vector<Transfer> run_;  // slots filled, not yet written
+  uint64_t max_run_ = 1;
   uint64_t sent_ = 0, consumed_ = 0;
   bool receiver_stopped_ = false, done_ = false;
   Meter meter_;
@@ -552,13 +591,19 @@ class Receiver {
          got = got < events_.size() ? 0 : engine_.next_imms(events_, 0ms)) {
       for (const ImmEvent& ev : std::span(events_).first(got)) {
         if (ev.peer.valid() && ev.peer.engine_id() != peer_.engine_id()) continue;
-        if (ev.imm >= arrived_.size()) {
-          throw std::runtime_error("the sender named slot " + std::to_string(ev.imm) + " of " +
+        uint64_t first = ev.imm & (kMaxSlots - 1);
+        uint64_t run = (ev.imm >> kImmRunShift) + 1;
+        if (first >= arrived_.size() || run > arrived_.size()) {
+          throw std::runtime_error("the sender named " + std::to_string(run) + " slots from " +
+                                   std::to_string(first) + " of " +
                                    std::to_string(arrived_.size()));
         }
-        arrived_[ev.imm] = true;
-        arrived_ns_[ev.imm] = wall_ns();
-        ++arrivals;
+        uint64_t now = wall_ns();
+        for (uint64_t i = 0; i < run; ++i) {
+          arrived_[(first + i) % arrived_.size()] = true;
+          arrived_ns_[(first + i) % arrived_.size()] = now;
+        }
+        arrivals += run;
       }
     }
     return arrivals;
