@@ -40,8 +40,8 @@ using namespace std::chrono_literals;
 constexpr uint64_t kHelloTag = 0x4652595300000001;  // "FRYS"
 constexpr uint64_t kControlTag = kHelloTag + 1;
 constexpr uint32_t kHelloMagic = 0x52545346;  // "FSTR"
-constexpr uint16_t kVersion = 2;  // 2: an immediate names a run of slots
-constexpr std::size_t kHelloBytes = 4096;  // the hello and the ring's descriptor fit in this
+constexpr uint16_t kVersion = 2;              // 2: an immediate names a run of slots
+constexpr std::size_t kHelloBytes = 4096;     // the hello and the ring's descriptor fit in this
 
 struct Hello {
   uint32_t magic = kHelloMagic;
@@ -208,8 +208,9 @@ class Source {
   bool ahead() const { return ahead_; }
   uint64_t waited_ns() const { return waited_ns_; }
 
-  // Fills up to `room` bytes at `p`: at least one unless the source ended or `stop` was set.
-  uint64_t fill(uint8_t* p, uint64_t room, const std::atomic<bool>& stop) {
+  // Fills up to `room` bytes at `p`: at least one unless the source ended, `stop` was set, or
+  // none was ready and `wait` is false.
+  uint64_t fill(uint8_t* p, uint64_t room, const std::atomic<bool>& stop, bool wait) {
     if (at_.kind == Endpoint::Kind::kGenerator) {
       uint64_t frames = std::min(frames_per_slot_, room / frame_);
       if (frames == 0) ended_ = true;  // --bytes leaves no room for a whole frame
@@ -238,7 +239,7 @@ class Source {
       }
       if (errno == EINTR) continue;
       if (errno != EAGAIN) throw std::runtime_error("read " + name() + ": " + std::strerror(errno));
-      if (got > 0 || stop.load()) break;  // what is here goes now: latency over fuller slots
+      if (got > 0 || stop.load() || !wait) break;  // what is here goes now: latency first
       auto from = Clock::now();
       waited = true;
       pollfd pfd{fd_.get(), POLLIN, 0};
@@ -306,13 +307,13 @@ class Sender {
       if (o_.duration > 0 && seconds_between(meter_.start, Clock::now()) >= o_.duration)
         return "--duration reached";
       if (!wait_for_slot(Clock::time_point::max())) continue;  // stopped meanwhile
-      // A run of slots while the source is ahead and the next slot is free without waiting.
-      uint64_t n = 0;
+      // A run of slots while the source is ahead and the next slot is free, neither waited for:
+      // the run's first chunk never waits for a later one.
       do {
         uint64_t slot = sent_ % slots_;
         uint64_t room = slot_bytes_ - sizeof(SlotHeader);
         if (o_.limit_bytes != 0) room = std::min(room, o_.limit_bytes - meter_.bytes);
-        n = source.fill(slot_at(slot) + sizeof(SlotHeader), room, stop_);
+        uint64_t n = source.fill(slot_at(slot) + sizeof(SlotHeader), room, stop_, run_.empty());
         if (n == 0) break;
         add_slot(slot, n, source.ahead() ? kSenderAhead : 0);
         meter_.bytes += n;
