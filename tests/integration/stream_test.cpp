@@ -153,16 +153,18 @@ TEST(Stream, AFileArrivesByteExactThroughSlotsUsedManyTimes) {
   EXPECT_TRUE(got == bytes) << got.size() << " bytes arrived of " << bytes.size();
 }
 
-// Generated frames, whose sender always has more ready, through a receiver that keeps up: it
-// lets chunks gather between its passes, and every frame arrives, in order, with its CRC. With
-// --gather-us 0 it never pauses. (When it pauses and for how long: gather_test.cpp.)
+// Generated frames, whose sender always has more ready, through a receiver that keeps up (one
+// 4 KiB chunk in flight at a time, each checked in microseconds, so that its passes stay short
+// even in a sanitizer build): it lets chunks gather between its passes, and every frame
+// arrives, in order, with its CRC. With --gather-us 0 it never pauses. (When it pauses and for
+// how long: gather_test.cpp.)
 TEST(Stream, FramesArriveWholeWhileTheReceiverGathersThem) {
   for (const std::string gather_us : {"10000", "0"}) {
     Background receiver({"stream", "--listen", "127.0.0.1:0", "--verify", "--json", "--slots", "64",
-                         "--slot-bytes", "65552", "--gather-us", gather_us});
+                         "--slot-bytes", "4112", "--gather-us", gather_us});
     std::string at = listening_on(receiver);
-    Background sender({"stream", "--connect", at, "--source", "gen", "--frame", "64K", "--bytes",
-                       "32M", "--window", "16", "--json"});
+    Background sender({"stream", "--connect", at, "--source", "gen", "--frame", "4K", "--bytes",
+                       "2M", "--window", "1", "--json"});
     remaining_lines(sender);
     ASSERT_EQ(sender.wait(), 0) << sender.errors();
     std::string rx = summary_of(remaining_lines(receiver));
@@ -209,10 +211,66 @@ TEST(Stream, ARunOfSlotsOutsideTheRingEndsTheReceiverWithAnErrorNamingIt) {
     remaining_lines(receiver);
     EXPECT_EQ(receiver.wait(), 1);
     std::string errors = receiver.errors();
-    std::string named =
-        imm == 8 ? "the sender named 1 slots from 8 of 8" : "the sender named 9 slots from 0 of 8";
+    std::string named = imm == 8 ? "the sender named a run of 1 from slot 8 in a ring of 8"
+                                 : "the sender named a run of 9 from slot 0 in a ring of 8";
     EXPECT_NE(errors.find(named), std::string::npos) << errors;
   }
+}
+
+// A sender made by hand writes a ring of 8 in runs, one of which wraps (slots 6, 7 and 0, after
+// a credit for slot 0), then ends the stream: the sink gets every chunk's bytes in order.
+TEST(Stream, ARunThatWrapsTheRingArrivesInOrder) {
+  constexpr uint64_t kHelloTag = 0x4652595300000001, kControlTag = kHelloTag + 1;
+  constexpr uint64_t kPayload = 100, kSlotBytes = 4096;
+  TempDir dir;
+  Background receiver({"stream", "--listen", "127.0.0.1:0", "--slots", "8", "--slot-bytes", "4K",
+                       "--sink", dir.file("out.bin"), "--json"});
+  std::string at = listening_on(receiver);
+  Config config;
+  config.listen = false;
+  Engine engine(config);
+  Peer peer = engine.connect(at);
+  Region control = engine.allocate(4096, Access::kLocal);
+  ASSERT_TRUE(peer.recv(kHelloTag, control, 0, 4096).wait(std::chrono::seconds(30)).ok());
+  const auto* h = static_cast<const uint8_t*>(control.data());
+  uint16_t descriptor_bytes = 0;
+  std::memcpy(&descriptor_bytes, h + 6, sizeof descriptor_bytes);
+  Descriptor ring = Descriptor::decode({h + 16, descriptor_bytes});
+  Region staging = engine.allocate(8 * kSlotBytes, Access::kLocal);
+  std::string expected;
+  // Chunks first..first+n-1 into their slots as one write; the last ends the stream if `end`.
+  auto write_run = [&](uint64_t first, uint64_t n, bool end) {
+    std::vector<Transfer> run;
+    for (uint64_t seq = first; seq < first + n; ++seq) {
+      uint64_t slot = seq % 8;
+      auto* p = static_cast<uint8_t*>(staging.data()) + slot * kSlotBytes;
+      bool last = end && seq == first + n - 1;
+      uint32_t length = last ? 0 : kPayload, flags = last ? 1 : 0;
+      std::memcpy(p, &length, 4);
+      std::memcpy(p + 4, &flags, 4);
+      std::memcpy(p + 8, &seq, 8);
+      std::memset(p + 16, 'a' + static_cast<int>(seq), length);
+      expected.append(length, static_cast<char>('a' + seq));
+      run.push_back({&staging, slot * kSlotBytes, &ring, slot * kSlotBytes, 16 + length});
+    }
+    auto imm = static_cast<uint32_t>(first % 8 | (n - 1) << 16);
+    EXPECT_TRUE(peer.write_with_imm(run, imm).wait(std::chrono::seconds(30)).ok());
+  };
+  write_run(0, 6, false);
+  uint64_t consumed = 0;
+  while (consumed < 1) {
+    Future credit = peer.recv(kControlTag, control, 0, 16);
+    ASSERT_TRUE(credit.wait(std::chrono::seconds(30)).ok());
+    std::memcpy(&consumed, h + 8, sizeof consumed);
+  }
+  write_run(6, 3, false);  // slots 6, 7, 0
+  write_run(9, 1, true);
+  std::string rx = summary_of(remaining_lines(receiver));
+  ASSERT_EQ(receiver.wait(), 0) << receiver.errors();
+  EXPECT_EQ(field(rx, "chunks"), 10) << rx;
+  std::ifstream out(dir.file("out.bin"), std::ios::binary);
+  std::string got((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, expected);
 }
 
 TEST(Stream, ASlowSinkSlowsTheSourceAndLosesNothing) {

@@ -2,7 +2,8 @@
 // thread and sends credits; while the sender has more ready than the transport takes, letting
 // chunks gather between passes costs no throughput and saves most of those wake-ups. A stream
 // paced by its source (an instrument) is not paused, nor one whose source got ahead for a
-// moment (a burst): its frames keep their latency.
+// moment (a burst): its frames keep their latency. Nor is a receiver that is itself the slowest
+// part (its sink): a pause would leave the sink idle.
 #pragma once
 
 #include <chrono>
@@ -26,13 +27,15 @@ class Gathering {
   // `longest`: the longest pause (0: never pause); `slots`: the ring's.
   Gathering(std::chrono::microseconds longest, uint64_t slots);
 
-  // After a pass at `now` that took `arrivals` chunks, the newest `ahead_in_a_row` of which the
-  // sender marked as written while it had more ready: how long to pause before the next pass.
-  // A pause only once the sender was ahead for as many chunks as one pause gathers; none after
-  // a pass of more than half the ring (another as long could leave the sender waiting for
-  // credits); never longer than a quarter ring of chunks takes to come.
+  // After a pass that ended at `now`, took `arrivals` chunks and spent `busy` handing them to
+  // the sink, the newest `ahead_in_a_row` of them marked by the sender as written while it had
+  // more ready: how long to pause before the next pass. A pause only once the sender was ahead
+  // for as many chunks as one pause gathers; none after a pass of more than half the ring
+  // (another as long could leave the sender waiting for credits), nor after one that kept the
+  // receiver busy half the time since the last; never longer than a quarter ring of chunks takes
+  // to come.
   std::chrono::nanoseconds after_pass(Clock::time_point now, uint64_t arrivals,
-                                      uint64_t ahead_in_a_row);
+                                      uint64_t ahead_in_a_row, std::chrono::nanoseconds busy);
 
   // Nanoseconds between chunks lately (0 before two passes took any).
   double interval_ns() const { return interval_ns_; }

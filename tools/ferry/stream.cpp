@@ -58,8 +58,8 @@ struct SlotHeader {
   uint64_t sequence = 0;  // of the chunk: 0, 1, 2, ...
 };
 constexpr uint32_t kEndOfStream = 1;
-// The sender had more of its source ready when it wrote this chunk: the transport, not the
-// source, sets the pace, and the receiver may let chunks gather (gather.hpp).
+// The sender had more of its source ready when it wrote this chunk: the source does not set the
+// pace, and the receiver may let chunks gather (gather.hpp).
 constexpr uint32_t kSenderAhead = 2;
 
 // The immediate of a write: the first slot it filled in its low 16 bits, how many slots after
@@ -418,7 +418,7 @@ class Sender {
     // The slot's previous chunk was consumed, so its write is complete or about to be.
     if (sent_ >= slots_)
       check(writes_[sent_ % slots_].wait(kEndWait), "write_with_imm to the receiver");
-    // At most window_ writes in flight: the oldest of them done first.
+    // At most window_ chunks in flight: the oldest of them done first.
     if (window_ < slots_ && sent_ >= window_)
       check(writes_[(sent_ - window_) % slots_].wait(kEndWait), "write_with_imm to the receiver");
     return true;
@@ -566,7 +566,9 @@ class Receiver {
       // than a credit per chunk.
       uint64_t arrivals = take_arrivals();
       if (arrivals == 0 && !peer_.connected()) throw std::runtime_error("its connection closed");
+      auto pass_start = Clock::now();
       while (!ended && arrived_[consumed_ % slots]) ended = consume(consumed_ % slots);
+      auto pass_end = Clock::now();
       // A credit per quarter ring, not one per pass (a receiver that keeps up would send one for
       // nearly every chunk). None is owed sooner: the sender is short of slots only while more
       // than three quarters of the ring is sent and not consumed, and those chunks bring it.
@@ -575,7 +577,8 @@ class Receiver {
       meter_.tick();
       if (meter_.due(o_.interval)) progress();
       if (ended) continue;
-      auto pause = gathering_->after_pass(Clock::now(), arrivals, ahead_in_a_row_);
+      auto pause =
+          gathering_->after_pass(pass_end, arrivals, ahead_in_a_row_, pass_end - pass_start);
       if (pause.count() > 0) {
         auto from = Clock::now();
         std::this_thread::sleep_for(pause);
@@ -595,8 +598,8 @@ class Receiver {
         uint64_t first = ev.imm & (kMaxSlots - 1);
         uint64_t run = (ev.imm >> kImmRunShift) + 1;
         if (first >= arrived_.size() || run > arrived_.size()) {
-          throw std::runtime_error("the sender named " + std::to_string(run) + " slots from " +
-                                   std::to_string(first) + " of " +
+          throw std::runtime_error("the sender named a run of " + std::to_string(run) +
+                                   " from slot " + std::to_string(first) + " in a ring of " +
                                    std::to_string(arrived_.size()));
         }
         uint64_t now = wall_ns();
@@ -732,7 +735,7 @@ class Receiver {
   std::optional<Gathering> gathering_;
   uint64_t ahead_in_a_row_ = 0;  // the newest chunks consumed that the sender marked ahead
   uint64_t gathered_ns_ = 0;     // paused between passes, in all
-  uint64_t controls_sent_ = 0;   // credits, stop and done
+  uint64_t controls_sent_ = 0;   // credits, and the stop or the end's confirmation
   uint64_t consumed_ = 0, credited_ = 0, credit_every_ = 1;
   Future sends_[kControlBuffers];
   int next_send_ = 0;
@@ -774,7 +777,7 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
       ->default_str(o.sink)
       ->needs(listen);
   add(app, "--window", o.window, count(1, 1024),
-      "Send: writes in flight at most (default: the receiver's slots); a deeper ring with a "
+      "Send: chunks in flight at most (default: the receiver's slots); a deeper ring with a "
       "window keeps the receiver's credits off the critical path")
       ->type_name("N");
   add(app, "--slots", o.slots, count(2, 1024), "Receive: slots in the ring")
@@ -801,8 +804,8 @@ void add_stream_options(CLI::App& app, StreamOptions& o) {
       ->capture_default_str();
   add(app, "--gather-us", o.gather_us, count(0, kMaxGatherMicroseconds),
       "Receive: while the sender has more ready than the transport takes, pause between "
-      "passes over the ring for about 12 chunks' time, so that one wake-up takes many; at most "
-      "this long (the latency it may add; 0: never pause)")
+      "passes over the ring for a quarter ring's or 12 chunks' time, whichever is less, so "
+      "that one wake-up takes many; at most this long (the latency it may add; 0: never pause)")
       ->type_name("US")
       ->default_str(std::to_string(o.gather_us))
       ->needs(listen);
