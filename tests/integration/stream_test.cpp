@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -186,28 +187,42 @@ TEST(Stream, FramesArriveWholeWhileTheReceiverGathersThem) {
   }
 }
 
+// A sender made by hand, connected to the receiver at `at`, its hello taken and the ring's
+// descriptor decoded: a test writes with it what no `ferry stream` sender would.
+struct HandMadeSender {
+  static constexpr uint64_t kHelloTag = 0x4652595300000001, kControlTag = kHelloTag + 1;
+  explicit HandMadeSender(const std::string& at)
+      : engine(without_listener()),
+        peer(engine.connect(at)),
+        control(engine.allocate(4096, Access::kLocal)) {
+    if (!peer.recv(kHelloTag, control, 0, 4096).wait(std::chrono::seconds(30)).ok())
+      throw std::runtime_error("no hello from the receiver");
+    uint16_t descriptor_bytes = 0;
+    std::memcpy(&descriptor_bytes, bytes() + 6, sizeof descriptor_bytes);
+    ring = Descriptor::decode({bytes() + 16, descriptor_bytes});
+  }
+  static Config without_listener() {
+    Config c;
+    c.listen = false;
+    return c;
+  }
+  const uint8_t* bytes() const { return static_cast<const uint8_t*>(control.data()); }
+  Engine engine;
+  Peer peer;
+  Region control;  // the hello, then control messages
+  Descriptor ring;
+};
+
 // A sender made by hand names a run of slots outside the receiver's ring of 8: one that starts
 // beyond it, one longer than it. The receiver ends with an error naming what it was sent.
 TEST(Stream, ARunOfSlotsOutsideTheRingEndsTheReceiverWithAnErrorNamingIt) {
-  constexpr uint64_t kHelloTag = 0x4652595300000001;
   for (uint32_t imm : {uint32_t{8}, uint32_t{8} << 16}) {
     Background receiver(
         {"stream", "--listen", "127.0.0.1:0", "--slots", "8", "--slot-bytes", "4K", "--json"});
-    std::string at = listening_on(receiver);
-    Config config;
-    config.listen = false;
-    Engine engine(config);
-    Peer peer = engine.connect(at);
-    Region hello = engine.allocate(4096, Access::kLocal);
-    Future got = peer.recv(kHelloTag, hello, 0, 4096);
-    ASSERT_TRUE(got.wait(std::chrono::seconds(30)).ok());
-    const auto* h = static_cast<const uint8_t*>(hello.data());
-    uint16_t descriptor_bytes = 0;
-    std::memcpy(&descriptor_bytes, h + 6, sizeof descriptor_bytes);
-    Descriptor ring = Descriptor::decode({h + 16, descriptor_bytes});
-    Region chunk = engine.allocate(4096, Access::kLocal);
-    Transfer t{&chunk, 0, &ring, 0, 16};
-    EXPECT_TRUE(peer.write_with_imm({&t, 1}, imm).wait(std::chrono::seconds(30)).ok());
+    HandMadeSender sender(listening_on(receiver));
+    Region chunk = sender.engine.allocate(4096, Access::kLocal);
+    Transfer t{&chunk, 0, &sender.ring, 0, 16};
+    EXPECT_TRUE(sender.peer.write_with_imm({&t, 1}, imm).wait(std::chrono::seconds(30)).ok());
     remaining_lines(receiver);
     EXPECT_EQ(receiver.wait(), 1);
     std::string errors = receiver.errors();
@@ -220,23 +235,12 @@ TEST(Stream, ARunOfSlotsOutsideTheRingEndsTheReceiverWithAnErrorNamingIt) {
 // A sender made by hand writes a ring of 8 in runs, one of which wraps (slots 6, 7 and 0, after
 // a credit for slot 0), then ends the stream: the sink gets every chunk's bytes in order.
 TEST(Stream, ARunThatWrapsTheRingArrivesInOrder) {
-  constexpr uint64_t kHelloTag = 0x4652595300000001, kControlTag = kHelloTag + 1;
   constexpr uint64_t kPayload = 100, kSlotBytes = 4096;
   TempDir dir;
   Background receiver({"stream", "--listen", "127.0.0.1:0", "--slots", "8", "--slot-bytes", "4K",
                        "--sink", dir.file("out.bin"), "--json"});
-  std::string at = listening_on(receiver);
-  Config config;
-  config.listen = false;
-  Engine engine(config);
-  Peer peer = engine.connect(at);
-  Region control = engine.allocate(4096, Access::kLocal);
-  ASSERT_TRUE(peer.recv(kHelloTag, control, 0, 4096).wait(std::chrono::seconds(30)).ok());
-  const auto* h = static_cast<const uint8_t*>(control.data());
-  uint16_t descriptor_bytes = 0;
-  std::memcpy(&descriptor_bytes, h + 6, sizeof descriptor_bytes);
-  Descriptor ring = Descriptor::decode({h + 16, descriptor_bytes});
-  Region staging = engine.allocate(8 * kSlotBytes, Access::kLocal);
+  HandMadeSender sender(listening_on(receiver));
+  Region staging = sender.engine.allocate(8 * kSlotBytes, Access::kLocal);
   std::string expected;
   // Chunks first..first+n-1 into their slots as one write; the last ends the stream if `end`.
   auto write_run = [&](uint64_t first, uint64_t n, bool end) {
@@ -251,17 +255,17 @@ TEST(Stream, ARunThatWrapsTheRingArrivesInOrder) {
       std::memcpy(p + 8, &seq, 8);
       std::memset(p + 16, 'a' + static_cast<int>(seq), length);
       expected.append(length, static_cast<char>('a' + seq));
-      run.push_back({&staging, slot * kSlotBytes, &ring, slot * kSlotBytes, 16 + length});
+      run.push_back({&staging, slot * kSlotBytes, &sender.ring, slot * kSlotBytes, 16 + length});
     }
     auto imm = static_cast<uint32_t>(first % 8 | (n - 1) << 16);
-    EXPECT_TRUE(peer.write_with_imm(run, imm).wait(std::chrono::seconds(30)).ok());
+    EXPECT_TRUE(sender.peer.write_with_imm(run, imm).wait(std::chrono::seconds(30)).ok());
   };
   write_run(0, 6, false);
   uint64_t consumed = 0;
   while (consumed < 1) {
-    Future credit = peer.recv(kControlTag, control, 0, 16);
+    Future credit = sender.peer.recv(HandMadeSender::kControlTag, sender.control, 0, 16);
     ASSERT_TRUE(credit.wait(std::chrono::seconds(30)).ok());
-    std::memcpy(&consumed, h + 8, sizeof consumed);
+    std::memcpy(&consumed, sender.bytes() + 8, sizeof consumed);
   }
   write_run(6, 3, false);  // slots 6, 7, 0
   write_run(9, 1, true);
