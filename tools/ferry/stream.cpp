@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -415,20 +416,24 @@ class Sender {
     }
     meter_.waited_ns += ns_between(from, Clock::now());  // back-pressure: credits
     if (sent_ - consumed_ >= slots_) return false;
-    // The slot's previous chunk was consumed, so its write is complete or about to be.
-    if (sent_ >= slots_)
-      check(writes_[sent_ % slots_].wait(kEndWait), "write_with_imm to the receiver");
-    // At most window_ chunks in flight: the oldest of them done first.
-    if (window_ < slots_ && sent_ >= window_)
-      check(writes_[(sent_ - window_) % slots_].wait(kEndWait), "write_with_imm to the receiver");
+    for (Future* w : writes_before_next())
+      if (w != nullptr) check(w->wait(kEndWait), "write_with_imm to the receiver");
     return true;
   }
 
-  // Whether the next slot is free now: consumed, its write complete, and the window not full.
+  // The writes the next slot waits for, null where none: the one that last filled it (its chunk
+  // consumed, so complete or about to be), and with window_ chunks in flight, the oldest of them.
+  std::array<Future*, 2> writes_before_next() {
+    return {sent_ >= slots_ ? &writes_[sent_ % slots_] : nullptr,
+            window_ < slots_ && sent_ >= window_ ? &writes_[(sent_ - window_) % slots_] : nullptr};
+  }
+
+  // Whether the next slot is free now: consumed, and the writes it waits for complete.
   bool slot_free_now() {
     if (sent_ - consumed_ >= slots_) return false;
-    if (sent_ >= slots_ && !writes_[sent_ % slots_].test()) return false;
-    return window_ >= slots_ || sent_ < window_ || writes_[(sent_ - window_) % slots_].test();
+    for (Future* w : writes_before_next())
+      if (w != nullptr && !w->test()) return false;
+    return true;
   }
 
   // The chunk in `slot` joins the run that post_run writes.
@@ -673,7 +678,6 @@ class Receiver {
     uint64_t offset = kHelloBytes + next_send_ * sizeof(Control);
     std::memcpy(static_cast<uint8_t*>(control_.data()) + offset, &c, sizeof c);
     previous = peer_.send(kControlTag, control_, offset, sizeof c);
-    ++controls_sent_;
     next_send_ = (next_send_ + 1) % kControlBuffers;
     credited_ = consumed_;
     if (type == Control::kDone) check(previous.wait(kEndWait), "confirm the end of the stream");
@@ -682,7 +686,7 @@ class Receiver {
   ReportLine line(const char* kind, bool since_last) {
     ReportLine r = meter_.line("stream receive", kind, since_last, "sink_wait");
     r.number("gather_ms", "gathering", static_cast<double>(gathered_ns_) / 1e6, 1, "ms")
-        .count("credits", "credits", controls_sent_);
+        .count("credits", "credits", sends_made_);
     if (o_.verify) {
       const LatencyHistogram& l = checker_.latency();
       r.count("frames", "frames", checker_.frames())
@@ -735,11 +739,10 @@ class Receiver {
   std::optional<Gathering> gathering_;
   uint64_t ahead_in_a_row_ = 0;  // the newest chunks consumed that the sender marked ahead
   uint64_t gathered_ns_ = 0;     // paused between passes, in all
-  uint64_t controls_sent_ = 0;   // credits, and the stop or the end's confirmation
   uint64_t consumed_ = 0, credited_ = 0, credit_every_ = 1;
   Future sends_[kControlBuffers];
   int next_send_ = 0;
-  uint64_t sends_made_ = 0;
+  uint64_t sends_made_ = 0;  // credits, and the stop or the end's confirmation
   FrameChecker checker_;
   Meter meter_;
 };
