@@ -222,7 +222,9 @@ TEST(Stream, ARunOfSlotsOutsideTheRingEndsTheReceiverWithAnErrorNamingIt) {
     HandMadeSender sender(listening_on(receiver));
     Region chunk = sender.engine.allocate(4096, Access::kLocal);
     Transfer t{&chunk, 0, &sender.ring, 0, 16};
-    EXPECT_TRUE(sender.peer.write_with_imm({&t, 1}, imm).wait(std::chrono::seconds(30)).ok());
+    // Whether the write completes well or fails is a race: the receiver may close before its
+    // completion comes back.
+    (void)sender.peer.write_with_imm({&t, 1}, imm).wait(std::chrono::seconds(30));
     remaining_lines(receiver);
     EXPECT_EQ(receiver.wait(), 1);
     std::string errors = receiver.errors();
