@@ -314,7 +314,13 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
   const transport::Channel::BounceWrites& bounce = via.bounce_writes;
   if (op->kind == OpKind::kWrite && bounce.covers(total) && bounce.slice < op->slice_bytes) {
-    op->slice_bytes = bounce.slice;
+    bool bounced = true;
+    if (bounce.measured) {
+      bounced = op->pool->write_paths().bounce(total);
+      op->route = bounced ? OpState::kBounced : OpState::kDirect;
+      op->routed_ns = transport::WritePathChooser::now_ns();
+    }
+    if (bounced) op->slice_bytes = bounce.slice;
   }
   for (const Transfer& t : batch) {
     slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
@@ -362,7 +368,8 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
       it->end = std::max(it->end, t.local_offset + t.length);
     }
   }
-  finish_now(op, {});  // releases the leases taken while checking
+  op->route = OpState::kUnrouted;  // nothing moved: no time to report
+  finish_now(op, {});              // releases the leases taken while checking
   return p;
 }
 

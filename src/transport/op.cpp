@@ -54,6 +54,10 @@ bool OpState::complete() {
     if (expected != kIdle) return false;
     stage.store(kDone);
   }
+  if (route != kUnrouted && (watchers.load() & kError) == 0) {
+    pool->write_paths().finished(bytes.load(std::memory_order_relaxed), route == kBounced,
+                                 routed_ns, transport::WritePathChooser::now_ns());
+  }
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
   // An error's status was written under `mu`: taking it before `done` publishes the status.
@@ -136,6 +140,7 @@ void OpState::reset_for_reuse() {
   zero_copy = false;
   started_ticks = 0;
   in_flight_counted = false;
+  route = kUnrouted;
   // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
   ack_due.store(false, std::memory_order_relaxed);
   entries.clear();

@@ -18,6 +18,7 @@
 #include "ferry/metrics.hpp"
 #include "transport/meter.hpp"
 #include "transport/region_table.hpp"
+#include "transport/write_path.hpp"
 
 namespace ferry::detail {
 struct OpState;  // named in the public API (Future), defined below
@@ -126,8 +127,14 @@ struct OpState {
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;
-  int64_t spin_ns = 0;             // Future::wait spins this long before sleeping
-  uint64_t started_ticks = 0;      // when the call started it (core::CycleClock); 0: unmetered
+  int64_t spin_ns = 0;         // Future::wait spins this long before sleeping
+  uint64_t started_ticks = 0;  // when the call started it (core::CycleClock); 0: unmetered
+  // A write the peer's WritePathChooser routed (kBounced, kDirect), which reports its time when
+  // it finishes: posted at `routed_ns` (steady_clock). kUnrouted for every other op, and for a
+  // write that took a third path (a same-host mapping).
+  enum Route : uint8_t { kUnrouted, kBounced, kDirect };
+  Route route = kUnrouted;
+  int64_t routed_ns = 0;
   bool in_flight_counted = false;  // count_in_flight() counted it
   // A large verbs message once the receiver answered: its handle for the message, and whether
   // the slices are RDMA WRITEs into its buffer (else CHUNK sends).
@@ -266,6 +273,10 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   ChannelMeter& meter(uint8_t channel) { return meters_[channel]; }
   const ChannelMeter& meter(uint8_t channel) const { return meters_[channel]; }
 
+  // How the peer's writes in its channel's bounce window go (Channel::BounceWrites::measured).
+  WritePathChooser& write_paths() { return write_paths_; }
+  const WritePathChooser& write_paths() const { return write_paths_; }
+
   // Whether an op posted and still incomplete has an entry in the local region `region_id`.
   // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
   // pool's lock and visits every op).
@@ -321,6 +332,7 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<int> progress_users_{0};
   // Its own cache line: completing threads read it, and callers waiting write progress_users_.
   alignas(64) std::unique_ptr<ChannelMeter[]> meters_;
+  WritePathChooser write_paths_;
 };
 
 template <typename Why>

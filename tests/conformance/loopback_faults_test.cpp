@@ -11,6 +11,7 @@
 
 #include "support/pair.hpp"
 #include "transport/loopback/loopback.hpp"
+#include "transport/write_path.hpp"
 
 namespace ferry::test {
 namespace {
@@ -90,6 +91,42 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
   EXPECT_EQ(slices_of((1 << 20) + 1, false), 17u) << "above the window: 64 KiB slices";
   EXPECT_EQ(slices_of(1 << 20, false, false, true), 64u) << "a prepared write is cut alike";
   EXPECT_EQ(slices_of(1 << 20, true), 16u) << "reads are not bounced";
+}
+
+// Where the channel lets the peer measure its two paths, writes in the window alternate in runs
+// until both are measured: the first run bounced (small slices), the next on the zero-copy path
+// (the engine's slices) until it has enough samples. Every write's bytes land either way.
+TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
+  loopback::faults().bounce_from = 256 << 10;
+  loopback::faults().bounce_up_to = 1 << 20;
+  loopback::faults().bounce_slice = 16 << 10;
+  loopback::faults().bounce_measured = true;
+  Pair p(loopback_config(), loopback_config());  // slice_bytes 64 KiB
+  Buffer src(p.initiator, 1 << 20, Access::kLocal, 5);
+  Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 6);
+  Descriptor d = dst.region.descriptor();
+  constexpr int kRun = static_cast<int>(transport::WritePathChooser::kProbeRun);
+  // The first of a run is not measured (it follows the other way): once the second run has
+  // measured enough, the rates choose.
+  constexpr int kPulledFirst = static_cast<int>(transport::WritePathChooser::kFirstSamples) + 1;
+  for (int i = 0; i < 3 * kRun; ++i) {
+    fill_pattern(src.bytes, 100 + static_cast<uint32_t>(i));
+    uint64_t before = loopback::faults().slices.load();
+    Transfer t{&src.region, 0, &d, 0, 1 << 20};
+    ASSERT_TRUE(p.peer.write({&t, 1}).wait(kWait).ok()) << i;
+    EXPECT_EQ(src.bytes, dst.bytes) << i;
+    uint64_t slices = loopback::faults().slices.load() - before;
+    if (i < kRun + kPulledFirst) {
+      EXPECT_EQ(slices, i < kRun ? 64u : 16u) << "write " << i;
+    } else {  // by the rates measured
+      EXPECT_TRUE(slices == 64 || slices == 16) << "write " << i << ": " << slices;
+    }
+  }
+  // Reads are not measured: the engine's slices.
+  uint64_t before = loopback::faults().slices.load();
+  Transfer t{&src.region, 0, &d, 0, 1 << 20};
+  ASSERT_TRUE(p.peer.read({&t, 1}).wait(kWait).ok());
+  EXPECT_EQ(loopback::faults().slices.load() - before, 16u);
 }
 
 TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {

@@ -552,6 +552,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--stripe", o.stripe_bytes);
   pass("--eager", o.eager_bytes);
   pass("--ring-copies", o.ring_copies);
+  pass("--measure-paths", o.measure_write_paths);
   pass("--stream-poll-us", o.stream_poll_us);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);

@@ -43,6 +43,7 @@ struct Faults {
   std::atomic<uint64_t> bounce_from{0};
   std::atomic<uint64_t> bounce_up_to{0};
   std::atomic<uint64_t> bounce_slice{0};
+  std::atomic<bool> bounce_measured{false};
   void reset() {
     fail_every_slice = 0;
     break_at_slice = 0;
@@ -54,6 +55,7 @@ struct Faults {
     bounce_from = 0;
     bounce_up_to = 0;
     bounce_slice = 0;
+    bounce_measured = false;
   }
 };
 Faults& faults();
@@ -73,8 +75,8 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   int lanes() const override { return kLanesPerRail * rails_; }
   int rails() const override { return rails_; }
   BounceWrites bounce_writes() const override {
-    return {faults().bounce_from.load(), faults().bounce_up_to.load(),
-            faults().bounce_slice.load()};
+    return {faults().bounce_from.load(), faults().bounce_up_to.load(), faults().bounce_slice.load(),
+            faults().bounce_measured.load()};
   }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;

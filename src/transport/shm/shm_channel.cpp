@@ -58,6 +58,7 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
       ring_copies_up_to_(config.ring_copies_up_to),
+      measure_write_paths_(config.measure_write_paths),
       stream_poll_(config.stream_poll),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
@@ -260,7 +261,7 @@ uint64_t ShmChannel::max_slice_bytes() const {
 }
 
 ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
-  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes};
+  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes, measure_write_paths_};
 }
 
 Status ShmChannel::start() {
