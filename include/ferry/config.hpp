@@ -69,7 +69,7 @@ struct ShmConfig {
   // Engine::allocate are still mapped, other writes and reads travel through the shared-memory
   // rings in pieces of 32 KiB (two copies), and messages take the next transport.
   bool cross_memory = true;
-  // Threads besides the progress thread that split one large copy (from 2 MiB) into parts
+  // Threads besides the progress thread that split one large copy (from 1 MiB) into parts
   // copied at once. Measured on a 2-core VM at 64 MiB: one process_vm_readv stream 6.5 GB/s,
   // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
   int copy_threads = 1;

@@ -1,5 +1,7 @@
 #include "transport/op.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <thread>
@@ -309,11 +311,12 @@ void OpPool::progress() {
 
 void OpPool::spin(const OpState& op, std::chrono::nanoseconds budget) {
   OpPool* self = this;
-  spin_any({&self, 1}, op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv);
+  spin_any({&self, 1}, op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv,
+           op.bytes.load(std::memory_order_relaxed) >= kYieldingSpinFrom);
 }
 
 void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
-                      std::chrono::nanoseconds budget, bool messages) {
+                      std::chrono::nanoseconds budget, bool messages, bool yielding) {
   // The sources watched, each with its pool's frame and a reference that keeps it alive. The
   // watches end, then the pools are left, and only then are the references dropped: dropping
   // the last one runs the channel's destructor, whose clear_progress waits for every other
@@ -348,6 +351,7 @@ void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& d
   std::chrono::steady_clock::time_point until;
   for (unsigned i = 0; !done.load(std::memory_order_acquire); ++i) {
     for (std::size_t k = 0; k < w.count; ++k) w.sources[k]->watch_poll(messages);
+    if (yielding && i % kPollsPerYield == kPollsPerYield - 1) sched_yield();
     // The clock every few polls: a clock read costs as much as a poll.
     if (i % 8 == 7) {
       auto now = std::chrono::steady_clock::now();

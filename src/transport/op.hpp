@@ -290,14 +290,24 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   void progress();
   // Polls while `op` is incomplete, for about `budget`.
   void spin(const OpState& op, std::chrono::nanoseconds budget);
+  // A spin for an op of at least this many bytes lets other threads of its core run every
+  // kPollsPerYield polls (sched_yield, which returns at once when none waits): such an op takes
+  // tens of microseconds at least, and where cores are few the spinning waiter held one that
+  // the peer's copy threads needed. Same host, 2-core VM, 1 MiB writes 8 in flight, with pulls
+  // split in two (shm::kMinPartBytes), six interleaved rounds: 9.9-10.5 -> 9.9-14.7 GB/s
+  // (medians 10.2 -> 13.7); either change alone gave nothing. Yielding in every spin took the
+  // 8-byte notification ping-pong p50 from 0.5-1.1 to 2.8 us, so smaller ops do not.
+  static constexpr uint64_t kYieldingSpinFrom = 256 << 10;
+  static constexpr unsigned kPollsPerYield = 64;
   // The most pools one spin_any() polls: their frames live on its stack, and a spin over more
   // would mostly look at idle channels (notifications from the others wake a progress thread).
   static constexpr std::size_t kMaxSpinPools = 16;
   // Polls the sources of `pools` (the first kMaxSpinPools; those without one are skipped) until
   // `done` or for about `budget`, timed from the first clock reading a few polls in (most spins
-  // end sooner): Engine::next_imm, whose notification may come from any peer.
+  // end sooner), `yielding` as for a large op: Engine::next_imm, whose notification may come
+  // from any peer.
   static void spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
-                       std::chrono::nanoseconds budget, bool messages);
+                       std::chrono::nanoseconds budget, bool messages, bool yielding = false);
   // Nobody watches an incomplete op any more (a callback was attached, or its last Future
   // went): completions must wake a progress thread.
   void unwatched();

@@ -26,12 +26,15 @@ namespace ferry::transport::shm {
 
 // The least a part holds: below it, waking a helper (~10-50 us on this VM) costs more than it
 // saves. With parts from 256 KiB, 512 KiB reads (two parts) took 66-74 us at p50 one at a time
-// and moved 9.2-9.6 GB/s with 8 in flight; unsplit, 55 us and 12.5 GB/s; 2 and 4 MiB as
-// before (ferry bench --transport shm --op read, 2026-11-25). A process_vm_readv stream moves
-// ~6.5-9 GB/s; memcpy ~45 GB/s at 1 MiB, where a split made 1 MiB mapped writes fall from 41 to
-// 25 GB/s, so memcpy splits only from 8 MiB up (16 MiB mapped writes then moved 1.5x one
-// memcpy thread, 64 MiB 1.4x).
-constexpr std::size_t kMinPartBytes = 1 << 20;
+// and moved 9.2-9.6 GB/s with 8 in flight; unsplit, 55 us and 12.5 GB/s (ferry bench
+// --transport shm --op read, 2026-11-25). From 512 KiB (1 MiB pulls in two parts), once helpers
+// spin between parts (kCopySpin) and large ops' waiters yield (OpPool::kYieldingSpinFrom), six
+// interleaved rounds: 1 MiB reads one at a time p50 103-123 -> 65-84 us, 1 MiB writes 8 in
+// flight 10.2 -> 13.7 GB/s (medians, 2026-11-27). A process_vm_readv stream moves ~6.5-13
+// GB/s; memcpy ~45 GB/s at 1 MiB, where a split made 1 MiB mapped writes fall from 41 to 25
+// GB/s, so memcpy splits only from 8 MiB up (16 MiB mapped writes then moved 1.5x one memcpy
+// thread, 64 MiB 1.4x).
+constexpr std::size_t kMinPartBytes = 512 << 10;
 constexpr std::size_t kMinMemcpyPartBytes = 4 << 20;
 // The most helpers an engine may ask for (ShmConfig::copy_threads).
 constexpr int kMaxCopyThreads = 16;
