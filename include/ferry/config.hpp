@@ -83,13 +83,14 @@ struct ShmConfig {
   // one area: 16 MiB writes 11-13 -> 15-19 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
   // Messages stay at 2 MiB: one that finds no receive posted would be buffered whole.
   uint64_t ring_copies_up_to = 16 << 20;
-  // Writes of that window take, each, the way that moved writes of their size faster lately:
-  // through the rings, or pulled by the target with process_vm_readv (one write in 32 tries the
-  // other way). Which is faster depends on the host's caches and page walks: 1 MiB writes, 8
-  // in flight, moved 20-22 GB/s through the rings against 8-9 pulled on one 2-core VM, 8.5-9.8
-  // against 10-11 on another (docs/performance.md, "Each write the faster way"). false: every
-  // write of the window goes through the rings.
-  bool measure_write_paths = true;
+  // Writes of that window, and messages of its part up to 2 MiB, take, each, the way that
+  // moved writes (or messages) of their size faster lately: through the rings, or pulled by the
+  // target with process_vm_readv (a run of 4 in 128 tries the other way). Which is faster
+  // depends on the host's caches and page walks: 1 MiB writes, 8 in flight, moved 20-22 GB/s
+  // through the rings against 8-9 pulled on one 2-core VM, 8.5-9.8 against 10-11 on another
+  // (docs/performance.md, "Each transfer the faster way"). false: all of them go through the
+  // rings.
+  bool measure_paths = true;
   // While a transfer streams through the rings (a piece of 16 KiB or more just taken), the
   // progress thread keeps polling them this long for the next piece before it sleeps. Without
   // it the two sides took turns, each waking the other (about 24 us a wake-up on a 2-core VM):

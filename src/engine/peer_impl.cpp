@@ -318,7 +318,7 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
     if (bounce.measured) {
       bounced = op->pool->write_paths().bounce(total);
       op->route = bounced ? OpState::kBounced : OpState::kDirect;
-      op->routed_ns = transport::WritePathChooser::now_ns();
+      op->routed_ns = transport::PathChooser::now_ns();
     }
     if (bounced) op->slice_bytes = bounce.slice;
   }

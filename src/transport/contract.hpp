@@ -146,7 +146,7 @@ class Channel {
     uint64_t from = 0;
     uint64_t up_to = 0;
     uint64_t slice = 0;
-    // Whether the peer's WritePathChooser picks, per write, between bouncing and the zero-copy
+    // Whether the peer's PathChooser picks, per write, between bouncing and the zero-copy
     // path by the rate each moved lately (else every write in the window bounces).
     bool measured = false;
     // Whether `total` bytes fall in the window.

@@ -57,8 +57,8 @@ bool OpState::complete() {
     stage.store(kDone);
   }
   if (route != kUnrouted && (watchers.load() & kError) == 0) {
-    pool->write_paths().finished(bytes.load(std::memory_order_relaxed), route == kBounced,
-                                 routed_ns, transport::WritePathChooser::now_ns());
+    pool->paths_for(kind).finished(bytes.load(std::memory_order_relaxed), route == kBounced,
+                                   routed_ns, transport::PathChooser::now_ns());
   }
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
@@ -311,8 +311,12 @@ void OpPool::progress() {
 
 void OpPool::spin(const OpState& op, std::chrono::nanoseconds budget) {
   OpPool* self = this;
+  // A receive's bytes are known only once it completes: its capacity stands for them.
+  uint64_t size = op.kind == OpKind::kRecv && !op.entries.empty()
+                      ? op.entries.front().length
+                      : op.bytes.load(std::memory_order_relaxed);
   spin_any({&self, 1}, op.done, budget, op.kind == OpKind::kSend || op.kind == OpKind::kRecv,
-           op.bytes.load(std::memory_order_relaxed) >= kYieldingSpinFrom);
+           size >= kYieldingSpinFrom);
 }
 
 void OpPool::spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,

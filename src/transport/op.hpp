@@ -17,8 +17,8 @@
 #include "ferry/error.hpp"
 #include "ferry/metrics.hpp"
 #include "transport/meter.hpp"
+#include "transport/path_chooser.hpp"
 #include "transport/region_table.hpp"
-#include "transport/write_path.hpp"
 
 namespace ferry::detail {
 struct OpState;  // named in the public API (Future), defined below
@@ -129,9 +129,9 @@ struct OpState {
   uint64_t slice_bytes = 0;
   int64_t spin_ns = 0;         // Future::wait spins this long before sleeping
   uint64_t started_ticks = 0;  // when the call started it (core::CycleClock); 0: unmetered
-  // A write the peer's WritePathChooser routed (kBounced, kDirect), which reports its time when
-  // it finishes: posted at `routed_ns` (steady_clock). kUnrouted for every other op, and for a
-  // write that took a third path (a same-host mapping).
+  // A write or message the peer's PathChooser routed (kBounced, kDirect), which reports its
+  // time when it finishes: routed at `routed_ns` (steady_clock). kUnrouted for every other op,
+  // and for a write that took a third path (a same-host mapping).
   enum Route : uint8_t { kUnrouted, kBounced, kDirect };
   Route route = kUnrouted;
   int64_t routed_ns = 0;
@@ -273,9 +273,16 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   ChannelMeter& meter(uint8_t channel) { return meters_[channel]; }
   const ChannelMeter& meter(uint8_t channel) const { return meters_[channel]; }
 
-  // How the peer's writes in its channel's bounce window go (Channel::BounceWrites::measured).
-  WritePathChooser& write_paths() { return write_paths_; }
-  const WritePathChooser& write_paths() const { return write_paths_; }
+  // Which way the peer's writes, and its messages, in its channel's bounce window go
+  // (Channel::BounceWrites::measured): each learns its own rates.
+  PathChooser& write_paths() { return write_paths_; }
+  PathChooser& message_paths() { return message_paths_; }
+  const PathChooser& write_paths() const { return write_paths_; }
+  const PathChooser& message_paths() const { return message_paths_; }
+  // The one that routes ops of `kind`.
+  PathChooser& paths_for(OpKind kind) {
+    return kind == OpKind::kSend ? message_paths_ : write_paths_;
+  }
 
   // Whether an op posted and still incomplete has an entry in the local region `region_id`.
   // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
@@ -296,7 +303,9 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // the peer's copy threads needed. Same host, 2-core VM, 1 MiB writes 8 in flight, with pulls
   // split in two (shm::kMinPartBytes), six interleaved rounds: 9.9-10.5 -> 9.9-14.7 GB/s
   // (medians 10.2 -> 13.7); either change alone gave nothing. Yielding in every spin took the
-  // 8-byte notification ping-pong p50 from 0.5-1.1 to 2.8 us, so smaller ops do not.
+  // 8-byte notification ping-pong p50 from 0.5-1.1 to 2.8 us, so smaller ops do not. A
+  // receive counts by its capacity: 1 MiB messages pulled, 8 in flight, 8.6-11.6 -> 12.8-16.8
+  // GB/s once the receiver's waits yielded too (3 interleaved rounds).
   static constexpr uint64_t kYieldingSpinFrom = 256 << 10;
   static constexpr unsigned kPollsPerYield = 64;
   // The most pools one spin_any() polls: their frames live on its stack, and a spin over more
@@ -342,7 +351,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<int> progress_users_{0};
   // Its own cache line: completing threads read it, and callers waiting write progress_users_.
   alignas(64) std::unique_ptr<ChannelMeter[]> meters_;
-  WritePathChooser write_paths_;
+  PathChooser write_paths_;
+  PathChooser message_paths_;
 };
 
 template <typename Why>

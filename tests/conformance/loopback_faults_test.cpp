@@ -11,7 +11,7 @@
 
 #include "support/pair.hpp"
 #include "transport/loopback/loopback.hpp"
-#include "transport/write_path.hpp"
+#include "transport/path_chooser.hpp"
 
 namespace ferry::test {
 namespace {
@@ -95,7 +95,7 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
 
 // Where the channel lets the peer measure its two paths, writes in the window alternate in runs
 // until both are measured: the first run bounced (small slices), the next on the zero-copy path
-// (the engine's slices) until it has enough samples. Every write's bytes land either way.
+// (the engine's slices). Every write's bytes land either way.
 TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
   loopback::faults().bounce_from = 256 << 10;
   loopback::faults().bounce_up_to = 1 << 20;
@@ -105,10 +105,7 @@ TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 5);
   Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 6);
   Descriptor d = dst.region.descriptor();
-  constexpr int kRun = static_cast<int>(transport::WritePathChooser::kProbeRun);
-  // The first of a run is not measured (it follows the other way): once the second run has
-  // measured enough, the rates choose.
-  constexpr int kPulledFirst = static_cast<int>(transport::WritePathChooser::kFirstSamples) + 1;
+  constexpr int kRun = static_cast<int>(transport::PathChooser::kRun);
   for (int i = 0; i < 3 * kRun; ++i) {
     fill_pattern(src.bytes, 100 + static_cast<uint32_t>(i));
     uint64_t before = loopback::faults().slices.load();
@@ -116,7 +113,7 @@ TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
     ASSERT_TRUE(p.peer.write({&t, 1}).wait(kWait).ok()) << i;
     EXPECT_EQ(src.bytes, dst.bytes) << i;
     uint64_t slices = loopback::faults().slices.load() - before;
-    if (i < kRun + kPulledFirst) {
+    if (i < 2 * kRun) {
       EXPECT_EQ(slices, i < kRun ? 64u : 16u) << "write " << i;
     } else {  // by the rates measured
       EXPECT_TRUE(slices == 64 || slices == 16) << "write " << i << ": " << slices;

@@ -437,6 +437,44 @@ void print_row(const Row& r, bool json, const OpRoute& route) {
   std::cout << line << std::endl;
 }
 
+// The class of `size` among one kind of transfers in `paths` (PathStats), if any went: the
+// largest that starts at `size` or below.
+std::optional<PathStats> path_class(const std::vector<PathStats>& paths,
+                                    const std::string& transfers, uint64_t size) {
+  std::optional<PathStats> found;
+  for (const PathStats& p : paths) {
+    if (p.transfers == transfers && p.from_bytes <= size &&
+        (!found || p.from_bytes > found->from_bytes)) {
+      found = p;
+    }
+  }
+  return found;
+}
+
+// Under a same-host row of writes or messages that their channel sent either way: how many the
+// row sent each way, and what each way moved lately.
+void print_paths(const Peer& peer, const std::string& op, uint64_t size,
+                 const std::vector<PathStats>& before) {
+  std::string transfers = op == "write" || op == "write_imm" ? "write" : op == "send" ? op : "";
+  if (transfers.empty()) return;
+  std::optional<PathStats> now = path_class(peer.stats().paths, transfers, size);
+  if (!now) return;
+  std::optional<PathStats> then;  // the same class before the row (none: it is new)
+  for (const PathStats& p : before) {
+    if (p.transfers == transfers && p.from_bytes == now->from_bytes) then = p;
+  }
+  uint64_t pulled = now->direct - (then ? then->direct : 0);
+  uint64_t rings = now->bounced - (then ? then->bounced : 0);
+  if (pulled + rings == 0) return;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "          ^ %llu pulled (%.0f MB/s lately), %llu through the rings (%.0f MB/s "
+                "lately)",
+                static_cast<unsigned long long>(pulled), now->direct_mb_per_s,
+                static_cast<unsigned long long>(rings), now->bounced_mb_per_s);
+  std::cout << line << std::endl;
+}
+
 // One connection's whole benchmark, after the connection.
 void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
   const Peer& peer = mail.peer();
@@ -485,7 +523,9 @@ void run_session(const BenchOptions& o, Engine& engine, Mailbox& mail) {
     const std::string& transport = route.transport;
     for (uint64_t size : o.sizes) {
       if (!o.scatter) {
+        std::vector<PathStats> before = peer.stats().paths;
         print_row(ini.run(op, size), o.json, route);
+        if (!o.json) print_paths(peer, op, size, before);
         continue;
       }
       Initiator::ScatterResult r = ini.scatter(op, size);
@@ -552,7 +592,7 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--stripe", o.stripe_bytes);
   pass("--eager", o.eager_bytes);
   pass("--ring-copies", o.ring_copies);
-  pass("--measure-paths", o.measure_write_paths);
+  pass("--measure-paths", o.measure_paths);
   pass("--stream-poll-us", o.stream_poll_us);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);

@@ -80,7 +80,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.qps) c.verbs.qps = *o.qps;
   if (o.cross_memory) c.shm.cross_memory = *o.cross_memory;
   if (o.ring_copies) c.shm.ring_copies_up_to = *o.ring_copies;
-  if (o.measure_write_paths) c.shm.measure_write_paths = *o.measure_write_paths;
+  if (o.measure_paths) c.shm.measure_paths = *o.measure_paths;
   if (o.stream_poll_us) c.shm.stream_poll = std::chrono::microseconds(*o.stream_poll_us);
   if (o.metrics) c.metrics = *o.metrics;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;

@@ -266,11 +266,11 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "rings instead of one process_vm_readv (0: none)")
       ->type_name("SIZE")
       ->default_str(human_size(engine.shm.ring_copies_up_to));
-  b.add_option("--measure-paths", o.measure_write_paths,
-               "Same-host writes the --ring-copies window covers each take the way that moved "
-               "writes of their size faster lately (1), or all go through the rings (0)")
+  b.add_option("--measure-paths", o.measure_paths,
+               "Same-host writes and messages the --ring-copies window covers each take the way "
+               "that moved ones of their size faster lately (1), or all go through the rings (0)")
       ->type_name("0|1")
-      ->default_str(engine.shm.measure_write_paths ? "1" : "0");
+      ->default_str(engine.shm.measure_paths ? "1" : "0");
   add(b, "--stream-poll-us", o.stream_poll_us, count(0, kMaxMicroseconds),
       "While a transfer streams through the same-host rings, progress threads poll them this "
       "long for its next piece before sleeping")

@@ -44,7 +44,7 @@ struct BenchOptions {
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;
   std::optional<uint64_t> ring_copies;      // ShmConfig::ring_copies_up_to
-  std::optional<bool> measure_write_paths;  // ShmConfig::measure_write_paths
+  std::optional<bool> measure_paths;  // ShmConfig::measure_paths
   std::optional<int> stream_poll_us;        // ShmConfig::stream_poll
   int threads = 1;
   std::optional<int> busy_poll_us;

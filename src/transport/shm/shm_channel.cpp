@@ -58,7 +58,7 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
       ring_copies_up_to_(config.ring_copies_up_to),
-      measure_write_paths_(config.measure_write_paths),
+      measure_paths_(config.measure_paths),
       stream_poll_(config.stream_poll),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
@@ -261,7 +261,7 @@ uint64_t ShmChannel::max_slice_bytes() const {
 }
 
 ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
-  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes, measure_write_paths_};
+  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes, measure_paths_};
 }
 
 Status ShmChannel::start() {
@@ -422,9 +422,19 @@ void ShmChannel::encode_request_locked(OpState* op) {
     Entry x;
     x.length = e.length;
     x.address = reinterpret_cast<uint64_t>(e.local);
-    // Messages in the window writes are cut for go through the rings too, in records.
-    if (e.length <= kInlineBytes ||
-        (e.length <= kMessageRingCopiesUpTo && bounce_writes().covers(e.length))) {
+    // Messages in the window writes are cut for go through the rings too, in records, or
+    // (measured) the way that moved messages of their size faster lately: decided at the
+    // first record and kept for the rest.
+    bool in_records = e.length <= kInlineBytes;
+    if (!in_records && e.length <= kMessageRingCopiesUpTo && bounce_writes().covers(e.length)) {
+      if (measure_paths_ && op->route == OpState::kUnrouted) {
+        op->route =
+            op->pool->message_paths().bounce(e.length) ? OpState::kBounced : OpState::kDirect;
+        op->routed_ns = PathChooser::now_ns();
+      }
+      in_records = !measure_paths_ || op->route == OpState::kBounced;
+    }
+    if (in_records) {
       // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
       LaneCursor& c = op->lanes[0];
       uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);

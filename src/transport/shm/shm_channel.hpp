@@ -261,7 +261,7 @@ class ShmChannel final : public Channel,
   // channel is published.
   std::string no_cross_memory_;
   const uint64_t ring_copies_up_to_;            // ShmConfig::ring_copies_up_to
-  const bool measure_write_paths_;              // ShmConfig::measure_write_paths
+  const bool measure_paths_;              // ShmConfig::measure_paths
   const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
 
   std::atomic<bool> closing_{false};
