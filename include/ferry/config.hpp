@@ -74,8 +74,8 @@ struct ShmConfig {
   // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
   int copy_threads = 1;
   // Writes of 256 KiB up to this many bytes in all, and messages of that size up to 2 MiB,
-  // travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once)
-  // instead of one process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM
+  // may travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once;
+  // which of them do: measure_paths) instead of one process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM
   // (docs/performance.md, "mid-size writes through the rings"). Below 256 KiB (0 included) none
   // do: then only slices of 32 KiB or less ride in the rings. The initiating (sending) engine's
   // setting counts. Where caches or the kernel's page walks differ, `ferry bench --transport shm

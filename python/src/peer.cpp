@@ -202,6 +202,18 @@ void bind_peer(nb::module_& m) {
                        channels[std::string(to_string(c.transport)).c_str()] = ch;
                      }
                      d["channels"] = channels;
+                     nb::list paths;  // same-host transfers sent either way (PathStats)
+                     for (const PathStats& ps : s.paths) {
+                       nb::dict p;
+                       p["transfers"] = ps.transfers;
+                       p["from_bytes"] = ps.from_bytes;
+                       p["bounced"] = ps.bounced;
+                       p["direct"] = ps.direct;
+                       p["bounced_mb_per_s"] = ps.bounced_mb_per_s;
+                       p["direct_mb_per_s"] = ps.direct_mb_per_s;
+                       paths.append(p);
+                     }
+                     d["paths"] = paths;
                      d["unexpected_messages"] = s.unexpected_messages;
                      d["unexpected_bytes"] = s.unexpected_bytes;
                      return d;

@@ -162,6 +162,23 @@ def test_tagged_send_recv_in_order_both_directions(pair):
     assert sum(c["messages_received"] for c in channels.values()) == 1
 
 
+def test_stats_say_which_way_large_same_host_writes_went(pair):
+    if pair.peer.transport != "shm":
+        pytest.skip("the same-host transport chooses between two ways")
+    remote = np.zeros(1 << 20, dtype=np.uint8)
+    region = pair.target.register(remote, access=ferry.Access.REMOTE_WRITE)
+    src = np.zeros(1 << 20, dtype=np.uint8)
+    r = pair.initiator.register(src)
+    for i in range(16):  # a run of 8 through the rings, then one pulled
+        src[:] = np.random.default_rng(i).integers(0, 256, size=src.size, dtype=np.uint8)
+        pair.peer.write(r, region.descriptor()).wait(WAIT)
+        assert np.array_equal(remote, src)
+    [writes] = [p for p in pair.peer.stats["paths"] if p["transfers"] == "write"]
+    assert writes["from_bytes"] == 1 << 20
+    assert writes["bounced"] == 8 and writes["direct"] == 8
+    assert writes["bounced_mb_per_s"] > 0 and writes["direct_mb_per_s"] > 0
+
+
 def test_peer_and_engine_properties(pair):
     assert pair.peer.engine_id == pair.target.id
     assert pair.peer.incarnation == pair.target.incarnation
