@@ -75,17 +75,18 @@ struct ShmConfig {
   int copy_threads = 1;
   // Writes of 256 KiB up to this many bytes in all, and messages of that size up to 2 MiB,
   // may travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once;
-  // which of them do: measure_paths) instead of one process_vm_readv, which moved them 1.3-2.5x slower on a 2-core VM
-  // (docs/performance.md, "mid-size writes through the rings"). Below 256 KiB (0 included) none
-  // do: then only slices of 32 KiB or less ride in the rings. The initiating (sending) engine's
-  // setting counts. Where caches or the kernel's page walks differ, `ferry bench --transport shm
+  // which of them do: measure_paths) instead of one process_vm_readv, which moved them 1.3-2.5x
+  // slower on a 2-core VM (docs/performance.md, "mid-size writes through the rings"). Below 256 KiB
+  // (0 included) none do: then only slices of 32 KiB or less ride in the rings. The initiating
+  // (sending) engine's setting counts. Where caches or the kernel's page walks differ, `ferry bench
+  // --transport shm
   // --ring-copies` finds the crossover. 2 -> 16 MiB, with stream_poll below, 8 in flight from
   // one area: 16 MiB writes 11-13 -> 15-19 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
   // Messages stay at 2 MiB: one that finds no receive posted would be buffered whole.
   uint64_t ring_copies_up_to = 16 << 20;
   // Writes of that window, and messages of its part up to 2 MiB, take, each, the way that
   // moved writes (or messages) of their size faster lately: through the rings, or pulled by the
-  // target with process_vm_readv (a run of 4 in 128 tries the other way). Which is faster
+  // target with process_vm_readv (a run of 8 in 256 tries the other way). Which is faster
   // depends on the host's caches and page walks: 1 MiB writes, 8 in flight, moved 20-22 GB/s
   // through the rings against 8-9 pulled on one 2-core VM, 8.5-9.8 against 10-11 on another
   // (docs/performance.md, "Each transfer the faster way"). false: all of them go through the

@@ -169,7 +169,7 @@ def test_stats_say_which_way_large_same_host_writes_went(pair):
     region = pair.target.register(remote, access=ferry.Access.REMOTE_WRITE)
     src = np.zeros(1 << 20, dtype=np.uint8)
     r = pair.initiator.register(src)
-    for i in range(16):  # a run of 8 through the rings, then one pulled
+    for i in range(16):  # a run of 8 through the rings, then a run of 8 pulled
         src[:] = np.random.default_rng(i).integers(0, 256, size=src.size, dtype=np.uint8)
         pair.peer.write(r, region.descriptor()).wait(WAIT)
         assert np.array_equal(remote, src)

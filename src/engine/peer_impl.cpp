@@ -273,7 +273,8 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 }
 
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
-                                            uint64_t& slices, uint64_t& total) {
+                                            uint64_t& slices, uint64_t& total,
+                                            MeasuredBounce& measured) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
   // Routed by the first entry's remote memory; an entry of another kind that the channel
   // cannot move is refused, or moves the batch (reroute), as a missing key does.
@@ -313,29 +314,49 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   // Cut for the channel the batch goes on (a reroute may have changed it).
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
   const transport::Channel::BounceWrites& bounce = via.bounce_writes;
+  measured = {};
   if (op->kind == OpKind::kWrite && bounce.covers(total) && bounce.slice < op->slice_bytes) {
-    bool bounced = true;
     if (bounce.measured) {
-      bounced = op->pool->write_paths().bounce(total);
-      op->route = bounced ? OpState::kBounced : OpState::kDirect;
-      op->routed_ns = transport::PathChooser::now_ns();
+      measured = {bounce.slice, count_slices(batch, bounce.slice)};
+    } else {
+      op->slice_bytes = bounce.slice;
     }
-    if (bounced) op->slice_bytes = bounce.slice;
   }
-  for (const Transfer& t : batch) {
-    slices += t.length <= op->slice_bytes ? (t.length > 0 ? 1 : 0)
-                                          : transport::slice_count(t.length, op->slice_bytes);
-  }
+  slices = count_slices(batch, op->slice_bytes);
   return std::nullopt;
+}
+
+uint64_t PeerImpl::count_slices(std::span<const Transfer> batch, uint64_t slice_bytes) {
+  uint64_t slices = 0;
+  for (const Transfer& t : batch) {
+    slices += t.length <= slice_bytes ? (t.length > 0 ? 1 : 0)
+                                      : transport::slice_count(t.length, slice_bytes);
+  }
+  return slices;
+}
+
+void PeerImpl::choose_path(OpState* op, const MeasuredBounce& measured, uint64_t total,
+                           uint64_t& slices) {
+  if (measured.slice == 0) return;
+  bool bounced = op->pool->write_paths().bounce(total);
+  op->route = bounced ? OpState::kBounced : OpState::kDirect;
+  op->routed_ns = transport::PathChooser::now_ns();
+  if (bounced) {
+    op->slice_bytes = measured.slice;
+    slices = measured.slices;
+  }
 }
 
 Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
                            uint32_t imm) {
   OpState* op = start_one_sided(kind, with_imm, imm);
   uint64_t slices = 0, total = 0;
-  if (std::optional<Future> refused = admit_batch(op, batch, slices, total)) [[unlikely]] {
+  MeasuredBounce measured;
+  if (std::optional<Future> refused = admit_batch(op, batch, slices, total, measured))
+      [[unlikely]] {
     return std::move(*refused);
   }
+  choose_path(op, measured, total, slices);
   return plan_and_post(op, slices, total);
 }
 
@@ -344,7 +365,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   // Checked by the op a write() or read() would post, which then completes unposted.
   OpState* op = start_one_sided(kind, with_imm, imm);
   auto p = std::make_shared<PreparedImpl>();
-  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total)) {
+  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total, p->measured)) {
     throw Error(refused->status());
   }
   p->peer = shared_from_this();
@@ -368,8 +389,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
       it->end = std::max(it->end, t.local_offset + t.length);
     }
   }
-  op->route = OpState::kUnrouted;  // nothing moved: no time to report
-  finish_now(op, {});              // releases the leases taken while checking
+  finish_now(op, {});  // releases the leases taken while checking
   return p;
 }
 
@@ -391,7 +411,9 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
   op->entries.assign(p.entries.begin(), p.entries.end());
   op->rails = p.rails;
   op->rail_keys.assign(p.rail_keys.begin(), p.rail_keys.end());
-  return plan_and_post(op, p.slices, p.total);
+  uint64_t slices = p.slices;
+  choose_path(op, p.measured, p.total, slices);  // each post anew
+  return plan_and_post(op, slices, p.total);
 }
 
 Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {

@@ -28,6 +28,13 @@ constexpr std::size_t kControlBytes = 1024;
 constexpr std::size_t kQueuedImmBytes = 64;
 
 // What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
+// A write in its channel's bounce window whose way the peer's PathChooser picks as it is
+// posted: the slice and the slice count it takes if it bounces (slice 0: not such a write).
+struct MeasuredBounce {
+  uint64_t slice = 0;
+  uint64_t slices = 0;
+};
+
 struct PreparedImpl {
   struct Local {
     uint32_t region_id;
@@ -46,6 +53,7 @@ struct PreparedImpl {
   std::vector<Local> locals;
   uint64_t slices = 0;
   uint64_t total = 0;
+  MeasuredBounce measured;  // chosen at each post
 };
 
 class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
@@ -149,9 +157,14 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future post(transport::OpState* op);
   transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
   // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
-  // op completed with it.
+  // op completed with it. A write whose way is measured is cut for the zero-copy path, and
+  // `measured` says how it is cut if it bounces (choose_path).
   std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
-                                    uint64_t& slices, uint64_t& total);
+                                    uint64_t& slices, uint64_t& total, MeasuredBounce& measured);
+  static uint64_t count_slices(std::span<const Transfer> batch, uint64_t slice_bytes);
+  // Asks the peer's PathChooser which way an admitted write goes and cuts it so.
+  static void choose_path(transport::OpState* op, const MeasuredBounce& measured, uint64_t total,
+                          uint64_t& slices);
   // Plans the lanes of an admitted op and posts it.
   Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
 

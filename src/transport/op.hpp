@@ -304,7 +304,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // split in two (shm::kMinPartBytes), six interleaved rounds: 9.9-10.5 -> 9.9-14.7 GB/s
   // (medians 10.2 -> 13.7); either change alone gave nothing. Yielding in every spin took the
   // 8-byte notification ping-pong p50 from 0.5-1.1 to 2.8 us, so smaller ops do not. A
-  // receive counts by its capacity: 1 MiB messages pulled, 8 in flight, 8.6-11.6 -> 12.8-16.8
+  // receive counts by its capacity (a small message into a large buffer waits for a yield only
+  // after 64 polls, a few microseconds): 1 MiB messages pulled, 8 in flight, 8.6-11.6 -> 12.8-16.8
   // GB/s once the receiver's waits yielded too (3 interleaved rounds).
   static constexpr uint64_t kYieldingSpinFrom = 256 << 10;
   static constexpr unsigned kPollsPerYield = 64;
@@ -313,8 +314,8 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   static constexpr std::size_t kMaxSpinPools = 16;
   // Polls the sources of `pools` (the first kMaxSpinPools; those without one are skipped) until
   // `done` or for about `budget`, timed from the first clock reading a few polls in (most spins
-  // end sooner), `yielding` as for a large op: Engine::next_imm, whose notification may come
-  // from any peer.
+  // end sooner), yielding every kPollsPerYield polls if `yielding` (spin() asks it for large
+  // ops): Engine::next_imm, whose notification may come from any peer, does not.
   static void spin_any(std::span<OpPool* const> pools, const std::atomic<bool>& done,
                        std::chrono::nanoseconds budget, bool messages, bool yielding = false);
   // Nobody watches an incomplete op any more (a callback was attached, or its last Future

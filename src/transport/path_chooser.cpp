@@ -38,7 +38,7 @@ void PathChooser::finished(uint64_t total, bool bounced, int64_t routed_ns, int6
   if (done_ns <= c.run_start_ns || c.run_bytes == 0) return;
   double sample = static_cast<double>(done_ns - c.run_start_ns) / static_cast<double>(c.run_bytes);
   double& avg = c.ns_per_byte[way];
-  avg = avg == 0 ? sample : avg + kWeight * (sample - avg);
+  avg = avg == 0 ? sample : avg + kWeight * (std::min(sample, 2 * avg) - avg);
   if (c.ns_per_byte[0] > 0 && c.ns_per_byte[1] > 0) {
     c.prefer.store(c.ns_per_byte[0] <= c.ns_per_byte[1] ? kBounce : kDirect,
                    std::memory_order_relaxed);

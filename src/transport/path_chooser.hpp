@@ -36,8 +36,9 @@ class PathChooser {
   // Every kProbePeriod transfers of a class, a run goes the way that measured slower, so that a
   // change of the host's load is seen: 8 of 256 (about 3 %) pay for the slower path.
   static constexpr uint32_t kProbePeriod = 256;
-  // Each way's rate is a moving average of its runs: a run moves it by this share (1/4), so
-  // that one descheduled copy moves the choice no further than a quarter of the way.
+  // Each way's rate is a moving average of its runs: a run moves it by this share (1/4), and a
+  // run counts as at most twice the average, so that one descheduled copy moves a way's time
+  // up by a quarter at most.
   static constexpr double kWeight = 0.25;
 
   // Whether a transfer of `total` bytes goes through the bounce buffers: until each way has a

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,8 +96,12 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
 
 // Where the channel lets the peer measure its two paths, writes in the window alternate in runs
 // until both are measured: the first run bounced (small slices), the next on the zero-copy path
-// (the engine's slices). Every write's bytes land either way.
-TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
+// (the engine's slices). Every write's bytes land either way. A prepared write is routed anew at
+// each post.
+class LoopbackMeasuredPaths : public LoopbackFaults, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(LoopbackMeasuredPaths, WritesTryBothPathsInRuns) {
+  const bool prepared = GetParam();
   loopback::faults().bounce_from = 256 << 10;
   loopback::faults().bounce_up_to = 1 << 20;
   loopback::faults().bounce_slice = 16 << 10;
@@ -105,26 +110,32 @@ TEST_F(LoopbackFaults, AMeasuredBounceWindowTriesBothPathsInRuns) {
   Buffer src(p.initiator, 1 << 20, Access::kLocal, 5);
   Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 6);
   Descriptor d = dst.region.descriptor();
+  Transfer t{&src.region, 0, &d, 0, 1 << 20};
+  std::optional<Prepared> once;
+  if (prepared) once = p.peer.prepare_write({&t, 1});
   constexpr int kRun = static_cast<int>(transport::PathChooser::kRun);
-  for (int i = 0; i < 3 * kRun; ++i) {
+  for (int i = 0; i < 2 * kRun; ++i) {
     fill_pattern(src.bytes, 100 + static_cast<uint32_t>(i));
     uint64_t before = loopback::faults().slices.load();
-    Transfer t{&src.region, 0, &d, 0, 1 << 20};
-    ASSERT_TRUE(p.peer.write({&t, 1}).wait(kWait).ok()) << i;
+    Future f = prepared ? once->post() : p.peer.write({&t, 1});
+    ASSERT_TRUE(f.wait(kWait).ok()) << i;
     EXPECT_EQ(src.bytes, dst.bytes) << i;
-    uint64_t slices = loopback::faults().slices.load() - before;
-    if (i < 2 * kRun) {
-      EXPECT_EQ(slices, i < kRun ? 64u : 16u) << "write " << i;
-    } else {  // by the rates measured
-      EXPECT_TRUE(slices == 64 || slices == 16) << "write " << i << ": " << slices;
-    }
+    EXPECT_EQ(loopback::faults().slices.load() - before, i < kRun ? 64u : 16u) << "write " << i;
   }
+  PeerStats s = p.peer.stats();
+  ASSERT_EQ(s.paths.size(), 1u);
+  EXPECT_EQ(s.paths[0].transfers, "write");
+  EXPECT_EQ(s.paths[0].from_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(s.paths[0].bounced, static_cast<uint64_t>(kRun));
+  EXPECT_EQ(s.paths[0].direct, static_cast<uint64_t>(kRun));
   // Reads are not measured: the engine's slices.
   uint64_t before = loopback::faults().slices.load();
-  Transfer t{&src.region, 0, &d, 0, 1 << 20};
   ASSERT_TRUE(p.peer.read({&t, 1}).wait(kWait).ok());
   EXPECT_EQ(loopback::faults().slices.load() - before, 16u);
 }
+
+INSTANTIATE_TEST_SUITE_P(LoopbackFaults, LoopbackMeasuredPaths, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Prepared" : "Posted"; });
 
 TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {
   OneTransfer x(1 << 20, 1);

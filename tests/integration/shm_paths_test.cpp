@@ -67,6 +67,31 @@ TEST(ShmPaths, WritesAndMessagesGoBothWaysUntilTimedAndStatsSayHowMany) {
   EXPECT_FALSE(path_of(p.target_peer, "write").has_value()) << "the initiator chooses";
 }
 
+// A pulled message that finds no receive posted waits for one: that wait is the receiver's, not
+// the way's, so the message is not counted.
+TEST(ShmPaths, AMessageHeldForItsReceiveIsNotCounted) {
+  Pair p(shm_config(true), shm_config(true));
+  Buffer src(p.initiator, kSize, Access::kLocal, 1);
+  Buffer dst(p.target, kSize, Access::kLocal, 2);
+  for (int i = 0; i < kRun; ++i) {  // the first run: through the rings
+    Future received = p.target_peer.recv(7, dst.region, 0, kSize);
+    ASSERT_TRUE(p.peer.send(7, src.region, 0, kSize).wait(kWait).ok()) << i;
+    ASSERT_TRUE(received.wait(kWait).ok()) << i;
+  }
+  // The second run's first: pulled, and held until its receive comes.
+  fill_pattern(src.bytes, 3);
+  Future sent = p.peer.send(7, src.region, 0, kSize);
+  EXPECT_FALSE(sent.wait(std::chrono::milliseconds(50)).ok()) << "no receive is posted yet";
+  Future received = p.target_peer.recv(7, dst.region, 0, kSize);
+  ASSERT_TRUE(sent.wait(kWait).ok());
+  ASSERT_TRUE(received.wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+  std::optional<PathStats> s = path_of(p.peer, "send");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->bounced, static_cast<uint64_t>(kRun));
+  EXPECT_EQ(s->direct, 0u);
+}
+
 TEST(ShmPaths, UnmeasuredTheyAllGoThroughTheRingsAndNoneIsCounted) {
   Pair p(shm_config(false), shm_config(false));
   ASSERT_EQ(p.peer.transport(), TransportKind::kShm);

@@ -110,13 +110,15 @@ TEST(PathChooser, ARunCutShortByTheOtherWayIsNotTimed) {
   EXPECT_EQ(s.bounced, 2u * kRun);
 }
 
-TEST(PathChooser, OneSlowRunMovesTheRateAQuarterOfTheWay) {
+TEST(PathChooser, OneSlowRunMovesTheRateUpAQuarterAtMost) {
   PathChooser c;
   int64_t clock = 0;
   finish(c, false, kRun, 100'000, clock);
   finish(c, false, kRun - 1, 100'000, clock);
-  finish(c, false, 1, 100'000 + kRun * 100'000, clock);  // descheduled once: the run took 2x
-  EXPECT_NEAR(c.state_for(kMiB).direct_ns_per_mib, 125'000, 1);
+  finish(c, false, 1, 4'000'000, clock);  // descheduled once: the run took 5.9x
+  EXPECT_NEAR(c.state_for(kMiB).direct_ns_per_mib, 125'000, 1) << "counted as 2x";
+  finish(c, false, kRun, 50'000, clock);  // faster runs count whole
+  EXPECT_NEAR(c.state_for(kMiB).direct_ns_per_mib, 106'250, 1);
 }
 
 }  // namespace

@@ -586,6 +586,7 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
       return {ErrorCode::kProtocol, "shm: send " + std::to_string(h.op_id) + " held twice"};
     }
     op->peer_token = 1;
+    op->route = OpState::kUnrouted;  // its time is now the receiver's wait: not the way's
     std::lock_guard lock(send_mu_);
     if (Status s = take_credit_back_locked(); !s.ok()) return s;
     return pump_locked();
