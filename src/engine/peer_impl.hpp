@@ -27,7 +27,6 @@ constexpr std::size_t kControlBytes = 1024;
 // One queued write_with_imm notification: the event and its share of the queue's blocks.
 constexpr std::size_t kQueuedImmBytes = 64;
 
-// What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
 // A write in its channel's bounce window whose way the peer's PathChooser picks as it is
 // posted: the slice and the slice count it takes if it bounces (slice 0: not such a write).
 struct MeasuredBounce {
@@ -35,6 +34,7 @@ struct MeasuredBounce {
   uint64_t slices = 0;
 };
 
+// What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
 struct PreparedImpl {
   struct Local {
     uint32_t region_id;
