@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Enforces the layer rules of docs/architecture.md: a layer includes only itself, the layers
-# below it and the vocabulary headers ferry/error.hpp, ferry/types.hpp, ferry/config.hpp and
+# below it and the vocabulary headers ferry/error.hpp, ferry/types.hpp, ferry/config.hpp, ferry/log.hpp and
 # ferry/metrics.hpp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ check() {  # check DIR ALLOWED_REGEX
            grep -vE "#include \"($allowed)" || true)
 }
 
-vocab='ferry/error\.hpp|ferry/types\.hpp|ferry/config\.hpp|ferry/export\.hpp|ferry/metrics\.hpp'
+vocab='ferry/error\.hpp|ferry/log\.hpp|ferry/types\.hpp|ferry/config\.hpp|ferry/export\.hpp|ferry/metrics\.hpp'
 check src/core      "core/|$vocab"
 check src/transport "core/|transport/|$vocab"
 check src/engine    "core/|transport/[a-z_]+\.hpp|engine/|ferry/"

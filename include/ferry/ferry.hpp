@@ -257,6 +257,7 @@ class FERRY_API Peer {
   uint64_t incarnation() const;
   std::string address() const;
   // The transport that carries write / read between host memory (routes() has the rest).
+  // Throws kInvalidArgument on an empty handle, as the operations do.
   TransportKind transport() const;
   // Which channel each class of operation uses, decided when the peer connected.
   std::vector<RouteInfo> routes() const;

@@ -23,11 +23,13 @@ import weakref
 from typing import Any
 
 from . import _ferry
+from . import _log
 from ._aio import Notifications
 from .errors import *  # noqa: F401,F403  (the exception classes are part of the package)
 from .errors import BY_CODE, FerryError
 
 _ferry._set_error_classes(dict(BY_CODE))  # type: ignore[attr-defined]
+_log.start()
 
 Access = _ferry.Access
 Descriptor = _ferry.Descriptor
@@ -38,6 +40,8 @@ Future = _ferry.Future
 ImmEvent = _ferry.ImmEvent
 __version__: str = _ferry.__version__  # type: ignore[attr-defined]
 LATENCY_BUCKET_BOUNDS_S: list = _ferry.LATENCY_BUCKET_BOUNDS_S  # type: ignore[attr-defined]
+set_log_level = _ferry.set_log_level  # type: ignore[attr-defined]
+log_level = _ferry.log_level  # type: ignore[attr-defined]
 
 _live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
@@ -74,5 +78,5 @@ def _shutdown_engines() -> None:
 
 __all__ = [
     "Access", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
-    "FerryError", "transports", "__version__",
+    "FerryError", "log_level", "set_log_level", "transports", "__version__",
 ] + [cls.__name__ for cls in BY_CODE.values()]

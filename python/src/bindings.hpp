@@ -123,5 +123,7 @@ void bind_engine(nb::module_& m);
 void bind_peer(nb::module_& m);
 void bind_future(nb::module_& m);
 void bind_descriptor(nb::module_& m);
+// set_log_level, log_level, and the queue ferry/_log.py takes records from.
+void bind_log(nb::module_& m);
 
 }  // namespace ferry::python

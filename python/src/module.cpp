@@ -24,4 +24,5 @@ NB_MODULE(_ferry, m) {
   bind_descriptor(m);
   bind_peer(m);
   bind_future(m);
+  bind_log(m);
 }

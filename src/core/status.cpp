@@ -3,6 +3,7 @@
 
 #include "core/sys.hpp"
 #include "ferry/error.hpp"
+#include "ferry/metrics.hpp"
 #include "ferry/types.hpp"
 
 namespace ferry {
@@ -62,6 +63,22 @@ std::string Status::to_string() const {
     s += message_;
   }
   return s;
+}
+
+const char* to_string(OperationKind kind) noexcept {
+  switch (kind) {
+    case OperationKind::kWrite:
+      return "write";
+    case OperationKind::kRead:
+      return "read";
+    case OperationKind::kWriteWithImm:
+      return "write_with_imm";
+    case OperationKind::kSend:
+      return "send";
+    case OperationKind::kRecv:
+      return "recv";
+  }
+  return "unknown";
 }
 
 std::string_view to_string(MemoryKind kind) noexcept {

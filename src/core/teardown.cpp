@@ -1,6 +1,8 @@
 #include "core/teardown.hpp"
 
-#include <cstdio>
+#include <string>
+
+#include "core/log.hpp"
 
 namespace ferry::core {
 
@@ -45,11 +47,11 @@ Teardown::~Teardown() {
     thread_.join();
     return;
   }
-  std::fprintf(stderr,
-               "ferry: warning: '%s' has not returned after %lld ms (the wire still holds its "
-               "packets?); leaving it and %zu later teardown steps to a background thread\n",
-               state_->running.c_str(), static_cast<long long>(kGrace.count()),
-               state_->steps.size());
+  log(LogLevel::kWarn, "teardown", [&] {
+    return "'" + state_->running + "' has not returned after " + std::to_string(kGrace.count()) +
+           " ms (the wire still holds its packets?); leaving it and " +
+           std::to_string(state_->steps.size()) + " later teardown steps to a background thread";
+  });
   lock.unlock();
   thread_.detach();
 }

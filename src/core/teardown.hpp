@@ -25,7 +25,7 @@ class Teardown {
   Teardown() = default;
   // Waits up to kGrace for the queued steps. One that has not returned by then is left to the
   // thread (detached), which runs it and those after it whenever the kernel returns, so the
-  // steps must own what they touch; a line on stderr names it.
+  // steps must own what they touch; a warning in the log names it.
   ~Teardown();
   Teardown(const Teardown&) = delete;
   Teardown& operator=(const Teardown&) = delete;

@@ -9,6 +9,7 @@
 
 #include "core/crypto.hpp"
 #include "core/cycle_clock.hpp"
+#include "core/log.hpp"
 #include "core/sys.hpp"
 #include "transport/registry.hpp"
 
@@ -79,6 +80,50 @@ std::string known_transport_names() {
   return out;
 }
 
+// Settings that work but that an operator should know about.
+void warn_about(const Config& c) {
+  if (std::getenv(Engine::kTransportsVariable) != nullptr && !c.transports_from_environment) {
+    core::log(LogLevel::kWarn, "config", [] {
+      return std::string(Engine::kTransportsVariable) +
+             " is set but not used: this engine was given its transports "
+             "(Config::transports_from_environment is false)";
+    });
+  }
+  if (c.listen && c.secret.empty() &&
+      (c.listen_host == "0.0.0.0" || c.listen_host == "::" || c.listen_host.empty())) {
+    core::log(LogLevel::kWarn, "config", [&] {
+      return "listening on every interface (" + c.listen_host +
+             ") without a shared secret: any host that reaches the port can connect (a "
+             "region's descriptor is still needed to touch its memory)";
+    });
+  }
+  for (std::size_t i = 0; i < c.transports.size(); ++i) {
+    if (std::find(c.transports.begin(), c.transports.begin() + static_cast<std::ptrdiff_t>(i),
+                  c.transports[i]) != c.transports.begin() + static_cast<std::ptrdiff_t>(i)) {
+      core::log(LogLevel::kWarn, "config", [&] {
+        return "transport " + std::string(to_string(c.transports[i])) +
+               " is listed more than once; its first place counts";
+      });
+    }
+  }
+}
+
+// "peer 42 at 127.0.0.1:5000 (same host): write/read over shm (shm: chosen (rank 0); ...)".
+std::string describe_routes(const PeerImpl& peer) {
+  std::string out = "peer " + std::to_string(peer.engine_id) + " at " + peer.address + " (" +
+                    std::string(to_string(peer.reach)) + ", " +
+                    (peer.incoming ? "connected to us" : "we connected") + "):";
+  const char* separator = " ";
+  for (const RouteInfo& r : peer.routes.info) {
+    if (r.local != MemoryKind::kHost || r.remote != MemoryKind::kHost) continue;
+    out += separator + r.operations + " over " +
+           (r.transport ? std::string(to_string(*r.transport)) : std::string("nothing")) + " (" +
+           r.why + ")";
+    separator = "; ";
+  }
+  return out;
+}
+
 uint64_t nonzero_random() {
   uint64_t v;
   do v = core::random_u64();
@@ -131,9 +176,13 @@ EngineImpl::EngineImpl(const Config& cfg)
     if (auto t = entry->open(config, why)) {
       transports_.push_back(std::move(t));
     } else {
+      core::log(LogLevel::kInfo, "engine", [&] {
+        return "transport " + std::string(to_string(kind)) + " is not usable here: " + why;
+      });
       unusable_.emplace_back(kind, why);
     }
   }
+  warn_about(config);
   if (transports_.empty()) {
     std::string why;
     for (const auto& [kind, reason] : unusable_)
@@ -463,6 +512,8 @@ void EngineImpl::plan_routes(PeerImpl& peer) const {
         const transport::Channel* c = peer.channels.find(kind);
         return c != nullptr ? c->lacks(why) : 0u;
       });
+  peer.established.store(true);
+  core::log(LogLevel::kInfo, "engine", [&] { return describe_routes(peer); });
 }
 
 std::vector<uint8_t> EngineImpl::channel_addresses(const PeerImpl& peer) {

@@ -1,5 +1,6 @@
-// The engine: region registry, peers and their connections, operation planning (slicing and
-// striping), write_with_imm notifications, liveness and shutdown.
+// The engine: region registration, the transports it opened, admission of peers and the client
+// half of the handshake (the server half is listener.cpp), write_with_imm notifications and
+// shutdown. Operation planning is peer_impl.cpp's; a peer's liveness, peer_control.cpp's.
 #pragma once
 
 #include <atomic>

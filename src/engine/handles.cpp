@@ -82,7 +82,10 @@ Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t c
 uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
 uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
 std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
-TransportKind Peer::transport() const { return impl_ ? impl_->transport() : TransportKind::kTcp; }
+TransportKind Peer::transport() const {
+  if (!impl_) empty_peer();
+  return impl_->transport();
+}
 std::vector<RouteInfo> Peer::routes() const {
   return impl_ ? impl_->routes.info : std::vector<RouteInfo>();
 }

@@ -186,6 +186,11 @@ void Listener::admit(core::Fd fd, Clock::time_point now) {
   core::tune_socket(h->sock, config.peer_timeout);
   if (per_source_[h->source] >= config.max_handshakes_per_source) {
     refused_.fetch_add(1, std::memory_order_relaxed);
+    core::log_limited(limits_log_, LogLevel::kWarn, "listener", [&] {
+      return "admission limit reached: connection from " + h->address + " refused, " +
+             std::to_string(config.max_handshakes_per_source) +
+             " handshakes pending from that address (max_handshakes_per_source)";
+    });
     // What the client already sent is read first: closing on unread bytes would reset the
     // connection and could discard the refusal before the client reads it.
     uint8_t scratch[512];
@@ -446,6 +451,14 @@ void Listener::hand_over(Handshake& h) {
 
 void Listener::fail(Handshake& h, const Status& why) {
   refused_.fetch_add(1, std::memory_order_relaxed);
+  // Shutdown cancels what is pending: nothing was refused.
+  if (why.code() != ErrorCode::kCancelled) {
+    bool limit = why.code() == ErrorCode::kResourceExhausted;
+    core::log_limited(limit ? limits_log_ : refusals_log_, LogLevel::kWarn, "listener", [&] {
+      return std::string(limit ? "admission limit reached: " : "") + "handshake from " + h.address +
+             " refused: " + why.to_string();
+    });
+  }
   // Forgotten before the refusal goes out, so a client reading it sees the counts updated.
   int sock = h.sock;
   bool reply = h.out.empty();     // else a reply is half sent: an error frame would garble it

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/frame.hpp"
+#include "core/log.hpp"
 #include "core/net.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
@@ -86,6 +87,13 @@ class Listener {
   uint64_t next_id_ = 2;  // 0 and 1 name the wake-up eventfd and the listening socket
   Clock::time_point accept_resumes_{};
   Duration accept_backoff_{};
+
+  // A flood of refused connections logs a burst and then one line a second, each saying how
+  // many were not logged: enough to see who and why without filling a disk.
+  static constexpr uint32_t kLogBurst = 10;
+  static constexpr auto kLogPeriod = std::chrono::seconds(1);
+  core::LogLimiter refusals_log_{kLogBurst, kLogPeriod};
+  core::LogLimiter limits_log_{kLogBurst, kLogPeriod};
 
   std::atomic<std::size_t> pending_{0};
   std::atomic<uint64_t> refused_{0};

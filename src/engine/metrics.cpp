@@ -6,22 +6,6 @@
 
 namespace ferry {
 
-const char* to_string(OperationKind kind) noexcept {
-  switch (kind) {
-    case OperationKind::kWrite:
-      return "write";
-    case OperationKind::kRead:
-      return "read";
-    case OperationKind::kWriteWithImm:
-      return "write_with_imm";
-    case OperationKind::kSend:
-      return "send";
-    case OperationKind::kRecv:
-      return "recv";
-  }
-  return "unknown";
-}
-
 namespace {
 
 // A label value: backslash, double quote and line feed escaped.

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "core/log.hpp"
 #include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
 
@@ -55,6 +56,7 @@ struct PeerImpl::Control final : core::Reactor::Handler {
   void on_event(uint32_t) override {
     if (stopped) return;
     Status lost;
+    bool goodbye = false;
     for (std::size_t budget = kControlReadBudget; budget > 0;) {
       ssize_t n = ::recv(fd.get(), in + in_len, sizeof in - in_len, MSG_DONTWAIT);
       if (n == 0) {
@@ -83,6 +85,7 @@ struct PeerImpl::Control final : core::Reactor::Handler {
           send_frame(FrameType::kPong);
         } else if (h.type == FrameType::kBye) {
           lost = {ErrorCode::kPeerLost, "peer closed the connection"};
+          goodbye = true;
         } else if (h.type != FrameType::kPong) {
           lost = {ErrorCode::kProtocol,
                   "unexpected control frame " + std::to_string(static_cast<int>(h.type))};
@@ -99,8 +102,22 @@ struct PeerImpl::Control final : core::Reactor::Handler {
       }
     }
     if (!lost.ok()) {
-      if (auto p = peer.lock()) p->close(lost);
+      if (auto p = peer.lock()) p->close(lost, goodbye);
     }
+  }
+
+  // Whether a BYE has arrived and not been read yet: looked at without reading it, from any
+  // thread. The loop thread may have read part of a header, so every offset is tried (a
+  // header's magic makes a false match at a wrong one as good as impossible).
+  bool goodbye_waiting() const {
+    uint8_t peeked[8 * core::kFrameHeaderSize];
+    ssize_t n = ::recv(fd.get(), peeked, sizeof peeked, MSG_PEEK | MSG_DONTWAIT);
+    for (std::size_t at = 0; n > 0 && at + core::kFrameHeaderSize <= static_cast<std::size_t>(n);
+         ++at) {
+      FrameHeader h;
+      if (core::decode_header(peeked + at, h).ok() && h.type == FrameType::kBye) return true;
+    }
+    return false;
   }
 
   // On the loop thread.
@@ -175,12 +192,29 @@ void PeerImpl::housekeeping(Clock::time_point now) {
   }
 }
 
-void PeerImpl::close(const Status& reason) {
-  if (lost.exchange(true)) return;
-  // The channel first: its close reason is what in-flight operations report, and the goodbye
-  // below makes the remote side drop our streams, which must not be mistaken for a loss.
-  channels.close(reason);
+void PeerImpl::close(const Status& reason, bool goodbye) {
+  {
+    std::lock_guard lock(close_mu_);
+    if (lost.load()) return;
+    close_reason_ = reason;
+    lost.store(true);
+  }
+  if (established.load()) {
+    // Closing on purpose (Peer::close, shutdown, the peer's goodbye) is routine; anything else
+    // loses it. A peer that said goodbye closes its streams first, so the end of one may be
+    // what brought us here, with the goodbye already waiting on the control connection.
+    bool routine = goodbye || reason.code() == ErrorCode::kCancelled || control_->goodbye_waiting();
+    core::log(routine ? LogLevel::kInfo : LogLevel::kWarn, "engine", [&] {
+      return "peer " + std::to_string(engine_id) + " at " + address +
+             (routine ? " closed: " : " lost: ") + reason.to_string();
+    });
+  }
+  // The goodbye goes out before our channels end, so the peer finds it waiting when it sees
+  // them end and knows we left on purpose (goodbye_waiting). The peer may answer by ending its
+  // side before ours closed (a thread switch between these lines): our in-flight operations
+  // still report our reason, which close_reason_ keeps.
   if (reason.code() == ErrorCode::kCancelled) control_->send_frame(FrameType::kBye);
+  channels.close(reason);
   ::shutdown(control_->fd.get(), SHUT_RDWR);
   std::shared_ptr<Control> control = control_;
   std::lock_guard lock(control->watch_mu);
@@ -193,7 +227,12 @@ void PeerImpl::channel_closed(const Status& reason) {
   // Marks the peer lost first, so a caller woken by a failure already sees connected() false.
   close(reason);
   if (open_channels.fetch_sub(1) != 1) return;
-  link->fail_all(reason);
+  Status first;
+  {
+    std::lock_guard lock(close_mu_);
+    first = close_reason_;
+  }
+  link->fail_all(first);
   engine->peer_closed(this);
 }
 

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "core/log.hpp"
 #include "engine/engine_impl.hpp"
 #include "transport/registry.hpp"
 
@@ -120,6 +121,10 @@ PeerMetrics PeerImpl::metrics() const {
 }
 
 namespace {
+// Fallbacks of a batch to a later channel are logged a few at a time: each one is a batch.
+constexpr uint32_t kRerouteLogBurst = 4;
+constexpr auto kRerouteLogPeriod = std::chrono::seconds(10);
+
 // The descriptor's key of `kind` for `device` as the 8 bytes OpEntry::remote_key holds; false
 // when it has none that fits.
 bool key_value(const Descriptor& d, TransportKind kind, uint8_t device, uint64_t& value) {
@@ -202,6 +207,15 @@ bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t
       op->entries[added++].remote_key = keys[0];
       op->rail_keys.insert(op->rail_keys.end(), keys + 1, keys + to.rails);
     }
+    // Cold: a region registered where the better transport could not take it.
+    static core::LogLimiter limiter(kRerouteLogBurst, kRerouteLogPeriod);
+    core::log_limited(limiter, LogLevel::kInfo, "engine", [&] {
+      return std::string(op_name(op->kind, op->with_imm)) + " to peer " +
+             std::to_string(engine_id) + " falls back from " +
+             std::string(to_string(channels.at(op->channel).kind())) + " to " +
+             std::string(to_string(to.kind)) + ": entry " + std::to_string(entry) +
+             "'s descriptor has no key for the first";
+    });
     op->channel = *next;
     op->rails = to.rails;
     return true;

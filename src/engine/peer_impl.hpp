@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -74,7 +75,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future post_prepared(const PreparedImpl& p);
   Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length);
   Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity);
-  void close(const Status& reason);
+  // `goodbye`: the peer said it was leaving (a routine close, logged at info).
+  void close(const Status& reason, bool goodbye = false);
   // A channel finished closing; when the last one did, every op still posted fails.
   void channel_closed(const Status& reason);
   // The channels to take for `op` on host memory, best first (none: no channel carries it).
@@ -102,6 +104,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   ChannelSet channels;    // filled by the handshake before anyone else sees the peer
   engine::Routes routes;  // decided once the channels are set
   std::atomic<bool> lost{false};
+  // Its routes were planned: it was connected, so losing it is worth a line in the log (a peer
+  // refused during its handshake is logged once, by the listener).
+  std::atomic<bool> established{false};
   std::atomic<std::size_t> queued_imms{0};  // its notifications waiting for next_imm()
   std::atomic<int> open_channels{0};
 
@@ -169,6 +174,10 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
 
   std::shared_ptr<Control> control_;
+  // Why the peer closed, first cause only: what its operations fail with, whichever channel
+  // ends last. Set with `lost`, under close_mu_.
+  std::mutex close_mu_;
+  Status close_reason_;
   std::atomic<unsigned> next_lane_{0};
 };
 

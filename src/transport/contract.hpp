@@ -1,4 +1,5 @@
-// The contract every transport implements (TCP today; verbs, shared memory and CUDA IPC next).
+// The contract every transport implements (TCP, verbs, shared memory, loopback; CUDA IPC and
+// libfabric next).
 // It is shaped after RDMA: regions registered up front with per-transport keys, operations
 // planned by the engine into slices spread over lanes (sockets, queue pairs), posted in
 // batches, completed per slice, with back-pressure inside the transport. See

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "support/cli_process.hpp"
@@ -223,6 +225,39 @@ TEST(Cli, TheTransportsVariableOrdersWhatRuns) {
   EXPECT_NE(bad.find("invalid_argument: FERRY_TRANSPORTS=\"tcp,nope\": unknown transport 'nope'"),
             std::string::npos)
       << bad;
+}
+
+TEST(Cli, FerryLogAndFerryLogFileSendEachProcesssLinesToTheFile) {
+  std::string file = ::testing::TempDir() + "ferry-log-" + std::to_string(::getpid()) + ".log";
+  std::remove(file.c_str());
+  {
+    ScopedEnv level("FERRY_LOG", "info");
+    ScopedEnv where("FERRY_LOG_FILE", file.c_str());
+    std::string out;
+    ASSERT_EQ(run("bench --transport tcp --op write --sizes 4K --iters 2", out), 0) << out;
+    EXPECT_EQ(out.find(" info engine: "), std::string::npos) << "logged to the file only\n" << out;
+  }
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(file.c_str());
+  // Both processes (the bench and the target it started) logged their peer's routes.
+  EXPECT_TRUE(std::regex_search(
+      text, std::regex("ferry \\d{4}-\\d\\d-\\d\\dT[0-9:.]+Z info engine: peer \\d+ at [^ ]+ "
+                       "\\(same host, we connected\\): write/read over tcp \\(tcp: chosen")))
+      << text;
+  EXPECT_NE(text.find("(same host, connected to us): write/read over tcp"), std::string::npos)
+      << text;
+  {
+    // A level that is none is said once, and the default (warn) holds.
+    ScopedEnv level("FERRY_LOG", "loud");
+    std::string out;
+    ASSERT_EQ(run("bench --transport tcp --op write --sizes 4K --iters 2", out), 0) << out;
+    EXPECT_NE(out.find(" warn log: FERRY_LOG=\"loud\" is not a level (off, error, warn, info, "
+                       "debug, trace); using warn"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find(" info engine: "), std::string::npos) << out;
+  }
 }
 
 // A listening socket nobody should connect to.

@@ -14,6 +14,23 @@ TEST(Registration, RejectsBadArguments) {
   EXPECT_THROW(e.register_memory(b, 8, static_cast<Access>(9)), Error);
 }
 
+TEST(Peer, AnEmptyHandleRefusesWhatNeedsAPeer) {
+  Peer empty;
+  EXPECT_FALSE(empty.valid());
+  EXPECT_FALSE(empty.connected());
+  try {
+    (void)empty.transport();
+    FAIL() << "an empty handle named a transport";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("empty Peer handle"), std::string::npos) << e.what();
+  }
+  uint8_t b[8];
+  Engine engine(test_config());
+  Region r = engine.register_memory(b, sizeof b, Access::kLocal);
+  EXPECT_THROW(empty.send(1, r, 0, sizeof b), Error);
+}
+
 TEST(Config, RejectsBadSettings) {
   Config c = test_config();
   c.tcp.streams = 0;

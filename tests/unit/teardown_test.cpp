@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/log_capture.hpp"
+
 namespace ferry::core {
 namespace {
 
@@ -30,6 +32,7 @@ TEST(Teardown, RunsStepsInOrderOnAThreadOfItsOwn) {
 }
 
 TEST(Teardown, AStuckStepIsLeftToItsThreadAndTheRestRunWhenItReturns) {
+  test::LogCapture log(LogLevel::kWarn);
   auto release = std::make_shared<std::promise<void>>();
   std::shared_future<void> released = release->get_future().share();
   auto later_ran = std::make_shared<std::atomic<bool>>(false);
@@ -49,6 +52,12 @@ TEST(Teardown, AStuckStepIsLeftToItsThreadAndTheRestRunWhenItReturns) {
   auto waited = std::chrono::steady_clock::now() - started;
   EXPECT_GE(waited, Teardown::kGrace);
   EXPECT_FALSE(later_ran->load());
+  // The operator is told which step stalled, at warn.
+  std::vector<test::LogCapture::Entry> stalled = log.containing("'a step the wire holds'");
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_EQ(stalled[0].level, LogLevel::kWarn);
+  EXPECT_EQ(stalled[0].component, "teardown");
+  EXPECT_NE(stalled[0].message.find("1 later teardown steps"), std::string::npos);
   release->set_value();
   // The abandoned thread still runs what was queued behind the stuck step.
   EXPECT_EQ(all_done.wait_for(std::chrono::seconds(60)), std::future_status::ready);
