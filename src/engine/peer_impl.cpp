@@ -125,26 +125,6 @@ namespace {
 constexpr uint32_t kRerouteLogBurst = 4;
 constexpr auto kRerouteLogPeriod = std::chrono::seconds(10);
 
-// The descriptor's key of `kind` for `device` as the 8 bytes OpEntry::remote_key holds; false
-// when it has none that fits.
-bool key_value(const Descriptor& d, TransportKind kind, uint8_t device, uint64_t& value) {
-  value = 0;
-  const Descriptor::Key* key = d.key_for(kind, device);
-  if constexpr (std::endian::native == std::endian::little) {
-    if (key != nullptr && key->length <= sizeof value) [[likely]] {
-      // A fixed 8-byte load, masked to the key's length: a copy of a variable length became a
-      // `rep movs` costing a third of each entry's admission.
-      static_assert(sizeof key->bytes >= sizeof value);
-      std::memcpy(&value, key->bytes, sizeof value);
-      if (key->length < sizeof value) value &= (uint64_t{1} << (8 * key->length)) - 1;
-      return true;
-    }
-  }
-  std::span<const uint8_t> bytes = d.find_key(kind, device);  // perhaps beyond the inline keys
-  if (bytes.empty() || bytes.size() > sizeof value) return false;
-  std::memcpy(&value, bytes.data(), bytes.size());
-  return true;
-}
 }  // namespace
 
 PeerImpl::Via PeerImpl::via(uint8_t channel) const {
@@ -155,12 +135,34 @@ PeerImpl::Via PeerImpl::via(uint8_t channel) const {
           c.bounce_writes()};
 }
 
-bool PeerImpl::keys_for(const Descriptor& d, const Via& via, uint64_t* keys) {
+bool PeerImpl::keys_for(const Descriptor& d, const Via& via, std::span<const uint8_t>* keys) {
   if ((via.memory & transport::memory_bit(d.memory)) == 0) return false;
   for (uint8_t rail = 0; rail < via.rails; ++rail) {
-    if (!key_value(d, via.kind, rail, keys[rail])) return false;
+    keys[rail] = d.find_key(via.kind, rail);
+    if (keys[rail].empty()) return false;
   }
   return true;
+}
+
+void PeerImpl::give_keys(OpState* op, std::size_t index,
+                         std::span<const std::span<const uint8_t>> keys) {
+  OpEntry& e = op->entries[index];
+  if (op->keys.empty() && keys.size() == 1 && keys[0].size() <= transport::kShortKeyBytes) {
+    e.remote_key = 0;
+    std::memcpy(&e.remote_key, keys[0].data(), keys[0].size());
+    e.remote_key_length = static_cast<uint8_t>(keys[0].size());
+    return;
+  }
+  if (op->keys.empty() && index > 0) [[unlikely]] {
+    // The first entry whose keys its remote_key cannot hold: those before it move to the store.
+    for (std::size_t i = 0; i < index; ++i) {
+      uint64_t value = op->entries[i].remote_key;
+      std::span<const uint8_t> key{reinterpret_cast<const uint8_t*>(&value),
+                                   op->entries[i].remote_key_length};
+      op->keys.add({&key, 1});
+    }
+  }
+  op->keys.add(keys);
 }
 
 PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted, const Via& via) {
@@ -172,26 +174,51 @@ PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
   if (t.remote_offset > remote->length || t.length > remote->length - t.remote_offset) {
     return Refusal::kOutOfBounds;
   }
-  uint64_t keys[transport::kMaxRails];
-  if (!keys_for(*remote, via, keys)) return Refusal::kNoKey;
+  if ((via.memory & transport::memory_bit(remote->memory)) == 0) return Refusal::kNoKey;
+  // The common case: one rail, a short key held inline. A fixed 8-byte load masked to the key's
+  // length (Key::bytes holds more): a copy of a variable length became a `rep movs` costing a
+  // third of each entry's admission.
+  const Descriptor::Key* inline_key = nullptr;
+  if (via.rails == 1 && op->keys.empty()) [[likely]]
+    inline_key = remote->key_for(via.kind, 0);
+  bool short_key = inline_key != nullptr && inline_key->length <= transport::kShortKeyBytes;
+  if (!short_key && !has_keys(*remote, via)) return Refusal::kNoKey;
   uint8_t* local = nullptr;
   uint32_t local_region = 0;
   if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
     return Refusal::kLocal;
   }
-  if (t.length > 0) {
-    op->entries.push_back(OpEntry{local, t.length, remote->region_id, keys[0], t.remote_offset,
-                                  local_region, remote->address + t.remote_offset});
-    if (via.rails > 1) [[unlikely]]
-      op->rail_keys.insert(op->rail_keys.end(), keys + 1, keys + via.rails);
+  if (t.length == 0) return Refusal::kNone;
+  uint64_t key = 0;
+  uint8_t key_length = 0;
+  if (short_key) [[likely]] {
+    static_assert(sizeof inline_key->bytes >= sizeof key);
+    std::memcpy(&key, inline_key->bytes, sizeof key);
+    if (inline_key->length < sizeof key) key &= (uint64_t{1} << (8 * inline_key->length)) - 1;
+    key_length = inline_key->length;
   }
+  op->entries.push_back(OpEntry{local, t.length, remote->region_id, local_region, key,
+                                t.remote_offset, remote->address + t.remote_offset, key_length});
+  if (!short_key) [[unlikely]]
+    store_keys(op, *remote, via);
   return Refusal::kNone;
+}
+
+bool PeerImpl::has_keys(const Descriptor& d, const Via& via) {
+  std::span<const uint8_t> keys[transport::kMaxRails];
+  return keys_for(d, via, keys);
+}
+
+void PeerImpl::store_keys(OpState* op, const Descriptor& d, const Via& via) {
+  std::span<const uint8_t> keys[transport::kMaxRails];
+  keys_for(d, via, keys);
+  give_keys(op, op->entries.size() - 1, {keys, via.rails});
 }
 
 bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t entry,
                        std::span<const uint8_t> order) {
   auto at = std::find(order.begin(), order.end(), op->channel);
-  uint64_t keys[transport::kMaxRails];
+  std::span<const uint8_t> keys[transport::kMaxRails];
   for (auto next = at == order.end() ? order.end() : at + 1; next != order.end(); ++next) {
     Via to = via(*next);
     bool all = std::all_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(entry) + 1,
@@ -199,13 +226,13 @@ bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t
     if (!all) continue;
     // The entries admitted so far take the new channel's keys (zero-length ones were checked
     // but not added).
-    op->rail_keys.clear();
+    op->keys.clear();
+    op->rails = to.rails;
     std::size_t added = 0;
     for (std::size_t i = 0; i < entry; ++i) {
       if (batch[i].length == 0) continue;
       keys_for(*batch[i].remote, to, keys);
-      op->entries[added++].remote_key = keys[0];
-      op->rail_keys.insert(op->rail_keys.end(), keys + 1, keys + to.rails);
+      give_keys(op, added++, {keys, to.rails});
     }
     // Cold: a region registered where the better transport could not take it.
     static core::LogLimiter limiter(kRerouteLogBurst, kRerouteLogPeriod);
@@ -217,7 +244,6 @@ bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t
              "'s descriptor has no key for the first";
     });
     op->channel = *next;
-    op->rails = to.rails;
     return true;
   }
   return false;
@@ -255,9 +281,8 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       for (uint8_t c : order) {
         Via v = via(c);
         kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(v.kind));
-        uint64_t key = 0;
         for (uint8_t rail = 0; rail < v.rails; ++rail) {
-          if (key_value(*remote, v.kind, rail, key)) continue;
+          if (!remote->find_key(v.kind, rail).empty()) continue;
           if (rail > 0) kinds += " device " + std::to_string(rail);
           break;
         }
@@ -310,8 +335,6 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   total = 0;
   // Kept across the op's reuses: one allocation at most.
   op->entries.reserve(batch.size());
-  if (via.rails > 1) [[unlikely]]
-    op->rail_keys.reserve(batch.size() * (via.rails - 1u));
   // Messages are built only on refusal: the success path allocates nothing.
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const Transfer& t = batch[i];
@@ -390,7 +413,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   p->slice_bytes = op->slice_bytes;
   p->entries = op->entries;
   p->rails = op->rails;
-  p->rail_keys = op->rail_keys;
+  p->keys = op->keys;
   // Each local region once, with the span of it the batch touches: a post leases it again.
   for (const Transfer& t : batch) {
     const RegionRecord& rec = *t.local->record_;
@@ -424,7 +447,7 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
   // Capacity kept: no allocation.
   op->entries.assign(p.entries.begin(), p.entries.end());
   op->rails = p.rails;
-  op->rail_keys.assign(p.rail_keys.begin(), p.rail_keys.end());
+  op->keys = p.keys;  // capacity kept: no allocation once warm
   uint64_t slices = p.slices;
   choose_path(op, p.measured, p.total, slices);  // each post anew
   return plan_and_post(op, slices, p.total);
@@ -479,7 +502,7 @@ Future PeerImpl::send(uint64_t tag, const Region& local, uint64_t offset, uint64
                        "send: no channel of the peer carries messages (Peer::routes says why)"});
   }
   op->channel = order[0];
-  op->entries.push_back(OpEntry{addr, length, 0, 0, 0, region_id});
+  op->entries.push_back(OpEntry{.local = addr, .length = length, .local_region = region_id});
   op->slice_bytes = length > 0 ? length : 1;  // one frame per message
   // All messages to a peer travel on one channel (fixed when it connected) and on its stream
   // (TCP) or queue pair (verbs) 0, so messages with one tag arrive in order.
@@ -503,7 +526,7 @@ Future PeerImpl::recv(uint64_t tag, const Region& local, uint64_t offset, uint64
   if (std::span<const uint8_t> order = route(engine::OpClass::kMessage); !order.empty()) {
     op->channel = order[0];
   }
-  op->entries.push_back(OpEntry{addr, capacity, 0, 0, 0, region_id});
+  op->entries.push_back(OpEntry{.local = addr, .length = capacity, .local_region = region_id});
   op->pending.store(1);
   return post(op);
 }

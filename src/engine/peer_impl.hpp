@@ -50,7 +50,7 @@ struct PreparedImpl {
   uint64_t slice_bytes = 0;
   std::vector<transport::OpEntry> entries;
   uint8_t rails = 1;
-  std::vector<uint64_t> rail_keys;  // as in OpState
+  transport::KeyStore keys;  // as in OpState
   std::vector<Local> locals;
   uint64_t slices = 0;
   uint64_t total = 0;
@@ -146,9 +146,17 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     transport::Channel::BounceWrites bounce_writes;
   };
   Via via(uint8_t channel) const;
-  // The keys of every rail of `via` (keys[0 .. rails - 1]); false when the descriptor lacks
-  // one, or its memory is of a kind the channel cannot move.
-  static bool keys_for(const Descriptor& d, const Via& via, uint64_t* keys);
+  // The keys of every rail of `via` (keys[0 .. rails - 1], views into `d`); false when the
+  // descriptor lacks one, or its memory is of a kind the channel cannot move.
+  static bool keys_for(const Descriptor& d, const Via& via, std::span<const uint8_t>* keys);
+  // keys_for() without the keys, and its keys to the op's last entry: the admission of keys
+  // that do not fit an entry (several rails, over 8 bytes).
+  [[gnu::cold]] static bool has_keys(const Descriptor& d, const Via& via);
+  [[gnu::cold]] static void store_keys(transport::OpState* op, const Descriptor& d, const Via& via);
+  // Gives entry `index`, the op's last, its keys on each of the op's rails: in its remote_key
+  // when that holds them (one rail, at most 8 bytes), else in the op's key store.
+  static void give_keys(transport::OpState* op, std::size_t index,
+                        std::span<const std::span<const uint8_t>> keys);
   // Checks one entry and, if it may go, leases its local region and adds it to the op with the
   // remote keys of channel `via`.
   Refusal admit(transport::OpState* op, const Transfer& t, Access wanted, const Via& via);

@@ -147,7 +147,7 @@ void OpState::reset_for_reuse() {
   ack_due.store(false, std::memory_order_relaxed);
   entries.clear();
   rails = 1;
-  rail_keys.clear();
+  keys.clear();
   leases.clear();
   lane_count = 0;
   first_lane = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -45,15 +46,66 @@ constexpr OperationKind operation_kind(OpKind kind, bool with_imm) {
   return OperationKind::kRecv;
 }
 
+// OpEntry::remote_key holds a key's bytes in memory order (OpState::remote_key views them).
+static_assert(std::endian::native == std::endian::little, "Ferry assumes a little-endian host");
+
 // One contiguous piece of a batch.
 struct OpEntry {
   uint8_t* local = nullptr;
   uint64_t length = 0;
   uint32_t remote_region = 0;
-  uint64_t remote_key = 0;  // the chosen transport's key: TCP region key, or verbs rkey
-  uint64_t remote_offset = 0;
   uint32_t local_region = 0;  // for transports that need a local key (verbs lkey)
-  uint64_t remote_addr = 0;   // descriptor address + remote_offset, for RDMA
+  // The chosen transport's key on device 0 when it is at most 8 bytes (TCP's table key, a verbs
+  // rkey, shm's), little-endian and zero-padded: the data path's common case. A longer key, or
+  // one of several rails, is in the op's key store (OpState::remote_key).
+  uint64_t remote_key = 0;
+  uint64_t remote_offset = 0;
+  uint64_t remote_addr = 0;  // descriptor address + remote_offset, for RDMA
+  uint8_t remote_key_length = 0;
+};
+
+// The longest key a descriptor carries for one transport and device.
+constexpr std::size_t kMaxKeyBytes = 255;
+// Keys that fit OpEntry::remote_key.
+constexpr std::size_t kShortKeyBytes = sizeof(uint64_t);
+
+// The remote keys of an op's entries that OpEntry::remote_key cannot hold: every device's key
+// when the channel has several rails, and keys over 8 bytes (a CUDA IPC handle is 64). Kept
+// across the op's reuses, so a warm op stores them without allocating.
+class KeyStore {
+ public:
+  // Empty: every key is its entry's remote_key.
+  bool empty() const { return at_.empty(); }
+  // Keys held: entries added times their rails.
+  std::size_t size() const { return at_.size(); }
+  // Appends the keys of the next entry, one per rail.
+  void add(std::span<const std::span<const uint8_t>> rail_keys) {
+    for (std::span<const uint8_t> key : rail_keys) {
+      at_.push_back({static_cast<uint32_t>(bytes_.size()), static_cast<uint8_t>(key.size())});
+      bytes_.insert(bytes_.end(), key.begin(), key.end());
+    }
+  }
+  // The key of the `index`th entry added, on `rail`, of `rails`.
+  std::span<const uint8_t> key(std::size_t index, int rails, int rail) const {
+    const Span& s = at_[index * static_cast<std::size_t>(rails) + static_cast<std::size_t>(rail)];
+    return {bytes_.data() + s.offset, s.length};
+  }
+  void clear() {
+    bytes_.clear();
+    at_.clear();
+  }
+  void reserve(std::size_t keys, std::size_t bytes) {
+    at_.reserve(keys);
+    bytes_.reserve(bytes);
+  }
+
+ private:
+  struct Span {
+    uint32_t offset;
+    uint8_t length;
+  };
+  std::vector<uint8_t> bytes_;
+  std::vector<Span> at_;
 };
 
 // Where a stream (lane) stands in an operation: the next slice it sends.
@@ -142,14 +194,18 @@ struct OpState {
   bool zero_copy = false;
   std::atomic<bool> ack_due{false};  // a verbs message: the receiver's one ACK is still to come
   std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
-  // Over a multi-rail channel (Channel::rails()), the keys of devices 1 .. rails - 1, rails - 1
-  // per entry in entry order; device 0's is the entry's remote_key. Empty over one rail.
+  // Devices the op's channel stripes over (Channel::rails()).
   uint8_t rails = 1;
-  std::vector<uint64_t> rail_keys;  // capacity kept across reuses
-  // The key of entry `index` on device `rail`.
-  uint64_t remote_key(std::size_t index, int rail) const {
-    return rail == 0 ? entries[index].remote_key
-                     : rail_keys[index * (rails - 1u) + static_cast<std::size_t>(rail - 1)];
+  // Every entry's keys on every rail, when the channel has several or a key is over 8 bytes;
+  // else empty, and each entry's remote_key is its key.
+  transport::KeyStore keys;
+  // The key of entry `index` on device `rail`, whatever its length (up to kMaxKeyBytes).
+  std::span<const uint8_t> remote_key(std::size_t index, int rail) const {
+    if (keys.empty()) {
+      const OpEntry& e = entries[index];
+      return {reinterpret_cast<const uint8_t*>(&e.remote_key), e.remote_key_length};
+    }
+    return keys.key(index, rails, rail);
   }
   std::vector<RegionSlot*> leases;  // local regions held until completion
 

@@ -4,7 +4,9 @@
 // operation really took.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "support/pair.hpp"
 #include "transport/loopback/loopback.hpp"
@@ -190,6 +192,91 @@ TEST_F(Routing, AMultiRailChannelGivesEachLaneTheKeyOfItsRail) {
   Prepared prepared = peer.prepare_write({&t, 1});
   ASSERT_TRUE(prepared.post().wait(kWait).ok());
   EXPECT_EQ(src.bytes, dst.bytes);
+}
+
+TEST_F(Routing, KeysOfSixtyFourBytesReachTheTransportWhole) {
+  // A transport whose keys are 64 bytes (a CUDA IPC handle's size): every byte of each reaches
+  // the target, which checks them all.
+  loopback::faults().key_bytes = 64;
+  loopback::faults().rails = 2;
+  Pair p(with_transports({loopback::kKind, TransportKind::kTcp}),
+         with_transports({loopback::kKind, TransportKind::kTcp}));
+  ASSERT_EQ(p.peer.transport(), loopback::kKind);
+  constexpr std::size_t kSize = 3 << 20;
+  Buffer src(p.initiator, kSize, Access::kLocal, 31);
+  Buffer dst(p.target, kSize, Access::kRemoteReadWrite, 32);
+  Descriptor d = Descriptor::parse(dst.region.descriptor().to_string());
+  for (uint8_t rail = 0; rail < 2; ++rail) {
+    ASSERT_EQ(d.find_key(loopback::kKind, rail).size(), 64u);
+  }
+  // One large write and read, striped over both rails.
+  Transfer whole{&src.region, 0, &d, 0, kSize};
+  ASSERT_TRUE(p.peer.write({&whole, 1}).wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+  fill_pattern(dst.bytes, 33);
+  ASSERT_TRUE(p.peer.read({&whole, 1}).wait(kWait).ok());
+  EXPECT_EQ(src.bytes, dst.bytes);
+
+  // A batch of 1,000 entries at odd sizes and offsets, posted and prepared.
+  fill_pattern(src.bytes, 34);
+  std::vector<Transfer> batch;
+  std::vector<uint8_t> expected = dst.bytes;
+  for (std::size_t i = 0, at = 0; i < 1000; ++i) {
+    std::size_t length = 1 + (i * 37) % 1021;
+    batch.push_back({&src.region, at + 3, &d, at + 5, length});
+    std::memcpy(expected.data() + at + 5, src.bytes.data() + at + 3, length);
+    at += length + 11;
+  }
+  ASSERT_TRUE(p.peer.write(batch).wait(kWait).ok());
+  EXPECT_EQ(expected, dst.bytes);
+  fill_pattern(src.bytes, 35);
+  Prepared prepared = p.peer.prepare_write(batch);
+  for (const Transfer& t : batch) {
+    std::memcpy(expected.data() + t.remote_offset, src.bytes.data() + t.local_offset, t.length);
+  }
+  for (int post = 0; post < 3; ++post) ASSERT_TRUE(prepared.post().wait(kWait).ok());
+  EXPECT_EQ(expected, dst.bytes);
+
+  // One byte of the 64 changed: refused as a wrong key, nothing written.
+  std::vector<uint8_t> forged_key(d.find_key(loopback::kKind, 0).begin(),
+                                  d.find_key(loopback::kKind, 0).end());
+  forged_key[40] ^= 1;
+  Descriptor forged = without_key(d, loopback::kKind, 0);
+  forged.add_key(loopback::kKind, 0, forged_key);
+  std::vector<uint8_t> before = dst.bytes;
+  Transfer small{&src.region, 0, &forged, 0, 4096};
+  int refused = 0;
+  for (int i = 0; i < 4; ++i) {  // small writes take the lanes, and so the rails, in turn
+    Status s = p.peer.write({&small, 1}).wait(kWait);
+    if (!s.ok()) {
+      ++refused;
+      EXPECT_EQ(s.code(), ErrorCode::kWrongKey) << s.to_string();
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(0, std::memcmp(before.data() + 4096, dst.bytes.data() + 4096, kSize - 4096));
+}
+
+TEST_F(Routing, AShortKeyBeforeALongOneInOneBatchKeepsItsOwn) {
+  // The first entry's key fits the entry (8 bytes, here a truncated 64-byte one); the second's
+  // does not, so the op moves every key to its store: each entry must keep its own.
+  loopback::faults().key_bytes = 64;
+  Pair p(with_transports({loopback::kKind}), with_transports({loopback::kKind}));
+  constexpr std::size_t kSize = 8192;
+  Buffer src(p.initiator, kSize, Access::kLocal, 41);
+  Buffer dst(p.target, kSize, Access::kRemoteReadWrite, 42);
+  Descriptor d = dst.region.descriptor();
+  std::span<const uint8_t> key = d.find_key(loopback::kKind, 0);
+  Descriptor truncated = without_key(d, loopback::kKind);
+  truncated.add_key(loopback::kKind, 0, key.first(8));
+  std::vector<uint8_t> before = dst.bytes;
+  Transfer batch[] = {{&src.region, 0, &truncated, 0, 4096}, {&src.region, 4096, &d, 4096, 4096}};
+  Status s = p.peer.write(batch).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kWrongKey) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "write entry 0: ")) << s.to_string();
+  EXPECT_EQ(0, std::memcmp(before.data(), dst.bytes.data(), 4096)) << "entry 0 refused";
+  EXPECT_EQ(0, std::memcmp(src.bytes.data() + 4096, dst.bytes.data() + 4096, 4096))
+      << "entry 1 landed with its own key";
 }
 
 TEST_F(Routing, MemoryNoChannelCanMoveIsRefusedAndNamed) {

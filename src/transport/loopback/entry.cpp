@@ -11,7 +11,13 @@ std::unique_ptr<Transport> open(const Config&, std::string&) {
     throw Error(ErrorCode::kInvalidArgument, "loopback: " + std::to_string(rails) +
                                                  " rails (1 to " + std::to_string(kMaxRails) + ")");
   }
-  return std::make_unique<loopback::LoopbackTransport>(rails);
+  int key_bytes = loopback::faults().key_bytes.load();
+  if (key_bytes < 8 || key_bytes > static_cast<int>(kMaxKeyBytes)) {
+    throw Error(ErrorCode::kInvalidArgument, "loopback: keys of " + std::to_string(key_bytes) +
+                                                 " bytes (8 to " + std::to_string(kMaxKeyBytes) +
+                                                 ")");
+  }
+  return std::make_unique<loopback::LoopbackTransport>(rails, static_cast<std::size_t>(key_bytes));
 }
 
 TransportInfo describe() {

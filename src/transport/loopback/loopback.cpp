@@ -31,12 +31,13 @@ Fabric& fabric() {
 }
 }  // namespace
 
-LoopbackChannel::LoopbackChannel(ChannelArgs args, int rails)
+LoopbackChannel::LoopbackChannel(ChannelArgs args, int rails, std::size_t key_bytes)
     : host_(args.host),
       link_(std::move(args.link)),
       on_closed_(std::move(args.on_closed)),
       loop_(args.host.reactor().pick_loop()),
-      rails_(rails) {}
+      rails_(rails),
+      key_bytes_(key_bytes) {}
 
 LoopbackChannel::~LoopbackChannel() {
   std::lock_guard lock(fabric().mu);
@@ -145,8 +146,10 @@ void LoopbackChannel::run(OpState* op) {
   }
   Slice outcome = Slice::kDone;
   bool failed = false;
-  if (op->kind != OpKind::kSend &&
-      (op->rails != rails_ || op->rail_keys.size() != op->entries.size() * (rails_ - 1u))) {
+  // Every entry's key on every rail, in the op's store unless each is its entry's 8 bytes.
+  bool stored = rails_ > 1 || key_bytes_ > kShortKeyBytes;
+  std::size_t keys = stored ? op->entries.size() * static_cast<std::size_t>(rails_) : 0;
+  if (op->kind != OpKind::kSend && (op->rails != rails_ || op->keys.size() != keys)) {
     // The engine must hand over every rail's key of every entry; checked, not trusted.
     failed = true;
     op->record_error({ErrorCode::kProtocol, "loopback: the operation lacks keys of its " +
@@ -198,9 +201,14 @@ LoopbackChannel::Slice LoopbackChannel::copy_slice(OpState& op, int lane, std::s
     uint8_t* addr = nullptr;
     RegionUse use;             // held while copying: a deregistration waits for it
     int rail = lane % rails_;  // lanes alternate between the rails
-    uint64_t key = op.remote_key(index, rail) ^ LoopbackTransport::key_flip(rail);
-    s = to.host_.regions().acquire(e.remote_region, key, e.remote_offset + offset, length,
-                                   write ? Access::kRemoteWrite : Access::kRemoteRead, &addr, use);
+    std::optional<uint64_t> key =
+        LoopbackTransport::table_key(op.remote_key(index, rail), rail, to.key_bytes_);
+    s = key ? to.host_.regions().acquire(e.remote_region, *key, e.remote_offset + offset, length,
+                                         write ? Access::kRemoteWrite : Access::kRemoteRead, &addr,
+                                         use)
+            : Status(ErrorCode::kWrongKey, "loopback: region " + std::to_string(e.remote_region) +
+                                               ": not a key of this transport on rail " +
+                                               std::to_string(rail));
     if (s.ok() && write) std::memcpy(addr, e.local + offset, length);
     if (s.ok() && !write) std::memcpy(e.local + offset, addr, length);
   }
@@ -233,19 +241,39 @@ void LoopbackChannel::send_message(OpState& op, LoopbackChannel& to) {
   }
 }
 
+void LoopbackTransport::make_key(uint64_t table_key, int rail, std::span<uint8_t> key) {
+  uint64_t flipped = table_key ^ key_flip(rail);
+  uint8_t first[sizeof flipped];
+  std::memcpy(first, &flipped, sizeof flipped);
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    key[i] = static_cast<uint8_t>(first[i % sizeof first] + (i / sizeof first) * 0x3b);
+  }
+}
+
+std::optional<uint64_t> LoopbackTransport::table_key(std::span<const uint8_t> key, int rail,
+                                                     std::size_t length) {
+  if (key.size() != length || length < sizeof(uint64_t)) return std::nullopt;
+  uint64_t flipped = 0;
+  std::memcpy(&flipped, key.data(), sizeof flipped);
+  uint64_t table = flipped ^ key_flip(rail);
+  uint8_t expected[kMaxKeyBytes];
+  make_key(table, rail, {expected, length});
+  if (std::memcmp(expected, key.data(), length) != 0) return std::nullopt;
+  return table;
+}
+
 Status LoopbackTransport::register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
                                           KeySink& keys) {
+  uint8_t key[kMaxKeyBytes];
   for (int rail = 0; rail < rails_; ++rail) {
-    uint64_t key = table_key ^ key_flip(rail);
-    uint8_t bytes[sizeof key];
-    std::memcpy(bytes, &key, sizeof key);
-    if (Status s = keys.add(static_cast<uint8_t>(rail), bytes); !s.ok()) return s;
+    make_key(table_key, rail, {key, key_bytes_});
+    if (Status s = keys.add(static_cast<uint8_t>(rail), {key, key_bytes_}); !s.ok()) return s;
   }
   return {};
 }
 
 Status LoopbackTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {
-  auto channel = std::make_shared<LoopbackChannel>(std::move(args), rails_);
+  auto channel = std::make_shared<LoopbackChannel>(std::move(args), rails_, key_bytes_);
   channel->publish();
   out = std::move(channel);
   return {};

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -39,6 +40,10 @@ struct Faults {
   // opening a region with its own key as a NIC per rail would (1 to kMaxRails). A channel
   // stripes over the rails both ends have, lane l on rail l % rails.
   std::atomic<int> rails{1};
+  // Not a fault: how long the keys each loopback transport opened from now on registers are
+  // (8 to kMaxKeyBytes), for the engine's path of keys longer than 8 bytes (a CUDA IPC handle is
+  // 64). Every byte is checked at the target.
+  std::atomic<int> key_bytes{8};
   // Not a fault either: what every loopback channel answers to Channel::bounce_writes.
   std::atomic<uint64_t> bounce_from{0};
   std::atomic<uint64_t> bounce_up_to{0};
@@ -52,6 +57,7 @@ struct Faults {
     refuse_connect = false;
     slices = 0;
     rails = 1;
+    key_bytes = 8;
     bounce_from = 0;
     bounce_up_to = 0;
     bounce_slice = 0;
@@ -62,7 +68,7 @@ Faults& faults();
 
 class LoopbackChannel final : public Channel, public std::enable_shared_from_this<LoopbackChannel> {
  public:
-  LoopbackChannel(ChannelArgs args, int rails);
+  LoopbackChannel(ChannelArgs args, int rails, std::size_t key_bytes);
   ~LoopbackChannel() override;
   // Makes the channel reachable by its address (once shared_from_this works).
   void publish();
@@ -107,7 +113,8 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   std::shared_ptr<PeerLink> link_;
   std::function<void(const Status&)> on_closed_;
   const int loop_;
-  int rails_;  // this end's until connect(), then the number both ends have
+  int rails_;                    // this end's until connect(), then the number both ends have
+  const std::size_t key_bytes_;  // of the keys this end's transport registers
   uint64_t endpoint_ = 0;
   std::weak_ptr<LoopbackChannel> peer_;  // set by connect(), before any post
   std::atomic<bool> closing_{false};
@@ -120,13 +127,19 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
 
 class LoopbackTransport final : public Transport {
  public:
-  explicit LoopbackTransport(int rails) : rails_(rails) {}
+  LoopbackTransport(int rails, std::size_t key_bytes) : rails_(rails), key_bytes_(key_bytes) {}
   TransportKind kind() const override { return kKind; }
   // The target's region table checks every access, as over TCP, but the key differs from
   // TCP's (the table key, flipped) and from rail to rail: a key sent over the wrong channel or
-  // rail is refused, as between real transports and NICs, which lets tests catch it.
+  // rail is refused, as between real transports and NICs, which lets tests catch it. A key
+  // longer than 8 bytes goes on with bytes made from the first 8, all of them checked.
   static constexpr uint64_t kKeyFlip = 0x6c6f6f7062616b6bULL;
   static uint64_t key_flip(int rail) { return kKeyFlip ^ (0x0101010101010101ULL * rail); }
+  // Rail `rail`'s key for a region whose table key is `table_key`, `length` bytes.
+  static void make_key(uint64_t table_key, int rail, std::span<uint8_t> key);
+  // The table key `key` stands for on `rail`, if it is a key make_key() made of `length` bytes.
+  static std::optional<uint64_t> table_key(std::span<const uint8_t> key, int rail,
+                                           std::size_t length);
   Status register_region(uint32_t, uint8_t*, uint64_t, Access, uint64_t table_key,
                          KeySink& keys) override;
   void deregister_region(uint32_t) override {}
@@ -134,6 +147,7 @@ class LoopbackTransport final : public Transport {
 
  private:
   int rails_;
+  std::size_t key_bytes_;
 };
 
 }  // namespace ferry::transport::loopback
