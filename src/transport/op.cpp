@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -138,13 +139,11 @@ void OpState::reset_for_reuse() {
   channel = 0;
   imm = 0;
   tag = 0;
-  peer_token = 0;
-  zero_copy = false;
   started_ticks = 0;
   in_flight_counted = false;
   route = kUnrouted;
   // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
-  ack_due.store(false, std::memory_order_relaxed);
+  std::memset(transport_area_, 0, sizeof transport_area_);
   entries.clear();
   rails = 1;
   keys.clear();
@@ -152,7 +151,6 @@ void OpState::reset_for_reuse() {
   lane_count = 0;
   first_lane = 0;
   pending.store(0, std::memory_order_relaxed);
-  on_wire.store(0, std::memory_order_relaxed);
   bytes.store(0, std::memory_order_relaxed);
   if (has_error) {
     has_error = false;

@@ -11,7 +11,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/config.hpp"
@@ -188,12 +190,7 @@ struct OpState {
   Route route = kUnrouted;
   int64_t routed_ns = 0;
   bool in_flight_counted = false;  // count_in_flight() counted it
-  // A large verbs message once the receiver answered: its handle for the message, and whether
-  // the slices are RDMA WRITEs into its buffer (else CHUNK sends).
-  uint64_t peer_token = 0;
-  bool zero_copy = false;
-  std::atomic<bool> ack_due{false};  // a verbs message: the receiver's one ACK is still to come
-  std::vector<OpEntry> entries;      // capacity kept across reuses: no allocation when warm
+  std::vector<OpEntry> entries;    // capacity kept across reuses: no allocation when warm
   // Devices the op's channel stripes over (Channel::rails()).
   uint8_t rails = 1;
   // Every entry's keys on every rail, when the channel has several or a key is over 8 bytes;
@@ -224,10 +221,20 @@ struct OpState {
   // Progress.
   std::atomic<uint8_t> stage{kIdle};
   std::atomic<int64_t> pending{0};  // slices (or messages) not yet completed
-  // Slices a channel has sent and not yet seen answered (shm): an answer for more is a peer's
-  // lie, which must not complete an op whose later records are still queued here.
-  std::atomic<int64_t> on_wire{0};
   std::atomic<uint64_t> bytes{0};
+
+  // The transport's own state for the op, typed by the transport in its folder (a message's
+  // rendezvous, slices on the wire, a CUDA event, a libfabric context): zeroed whenever the op
+  // is reused, so a fresh T is all zeros. T holds plain values (trivially copyable); a field
+  // that threads share is reached through std::atomic_ref.
+  static constexpr std::size_t kTransportAreaBytes = 64;
+  template <typename T>
+  T& transport_area() {
+    static_assert(sizeof(T) <= kTransportAreaBytes, "the transport's area is 64 bytes");
+    static_assert(alignof(T) <= kTransportAreaAlign);
+    static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
+    return *std::launder(reinterpret_cast<T*>(transport_area_));
+  }
 
   // Completion. complete() takes `mu` only when `watchers` says a callback, a sleeper or a
   // recorded error (written under `mu`, perhaps by another thread) needs it: each side sets its
@@ -281,6 +288,8 @@ struct OpState {
     OpState* next[kMaxLanes] = {};
   };
   [[gnu::cold]] void grow_lanes();
+  static constexpr std::size_t kTransportAreaAlign = 16;
+  alignas(kTransportAreaAlign) unsigned char transport_area_[kTransportAreaBytes] = {};
   // `lanes` and `lane_next` point here or into `spill_`; ops are never moved (the pool holds
   // them by pointer), so the self-references stay valid.
   LaneCursor lanes_inline_[kInlineLanes];

@@ -313,7 +313,7 @@ PostResult ShmChannel::post(OpState* op) {
 
 Status ShmChannel::enqueue_locked(OpState* op) {
   op->lane_next[0] = nullptr;
-  op->on_wire.store(0, std::memory_order_relaxed);  // a prepared op's earlier post may have failed
+  on_wire(*op).store(0, std::memory_order_relaxed);  // a prepared op's earlier post may have failed
   if (queue_tail_ != nullptr) {
     queue_tail_->lane_next[0] = op;
   } else {
@@ -533,8 +533,9 @@ void ShmChannel::encode_request_locked(OpState* op) {
   // Counted from now on: the peer may answer the record as soon as it is in the ring. A
   // message's one answer is due only once its last record is.
   if ((h.flags & kFlagMore) == 0) {
-    op->on_wire.fetch_add(h.type == Record::kRead && (h.flags & kFlagInline) == 0 ? h.imm : h.count,
-                          std::memory_order_relaxed);
+    on_wire(*op).fetch_add(
+        h.type == Record::kRead && (h.flags & kFlagInline) == 0 ? h.imm : h.count,
+        std::memory_order_relaxed);
   }
   out_length_ = kHeaderBytes + std::size_t{h.count} * kEntryBytes + h.payload - out_payload_.size();
   if (last) {

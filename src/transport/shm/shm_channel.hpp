@@ -87,6 +87,19 @@ constexpr int kControlRecords = 3 * kMaxMappings;
 // Whether this process may call process_vm_readv at all (seccomp, kernel), and why not.
 bool cross_memory_allowed(std::string& why);
 
+// What a same-host channel keeps in each op (OpState::transport_area).
+struct ShmOpArea {
+  // Slices sent and not yet answered: an answer for more is a peer's lie, which must not
+  // complete an op whose later records are still queued here. Shared by the sending thread and
+  // whoever polls the answers (std::atomic_ref).
+  int64_t on_wire;
+  // A send the receiver holds until it posts a receive (its credit came back early): once only.
+  bool held;
+};
+inline std::atomic_ref<int64_t> on_wire(OpState& op) {
+  return std::atomic_ref<int64_t>(op.transport_area<ShmOpArea>().on_wire);
+}
+
 class ShmChannel final : public Channel,
                          public core::Reactor::Handler,
                          public core::Reactor::Poller,
@@ -261,7 +274,7 @@ class ShmChannel final : public Channel,
   // channel is published.
   std::string no_cross_memory_;
   const uint64_t ring_copies_up_to_;            // ShmConfig::ring_copies_up_to
-  const bool measure_paths_;              // ShmConfig::measure_paths
+  const bool measure_paths_;                    // ShmConfig::measure_paths
   const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
 
   std::atomic<bool> closing_{false};

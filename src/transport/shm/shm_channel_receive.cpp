@@ -557,7 +557,7 @@ OpState* ShmChannel::answered_op(const View& r, Status& error) const {
     return nullptr;
   }
   int64_t count = answered_slices(r.header);
-  if (count < 1 || count > op->on_wire.load()) {
+  if (count < 1 || count > on_wire(*op).load()) {
     error = {ErrorCode::kProtocol, "shm: an answer for " + std::to_string(count) +
                                        " slices of op " + std::to_string(r.header.op_id)};
     return nullptr;
@@ -582,10 +582,11 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
   if (op == nullptr) return error;
   if (h.type == Record::kSendAck && h.status == static_cast<uint16_t>(ErrorCode::kInProgress)) {
     // Held until the peer posts a receive: the credit comes back now, the op stays.
-    if (op->peer_token != 0 || !r.payload.empty()) {
+    bool& held = op->transport_area<ShmOpArea>().held;
+    if (held || !r.payload.empty()) {
       return {ErrorCode::kProtocol, "shm: send " + std::to_string(h.op_id) + " held twice"};
     }
-    op->peer_token = 1;
+    held = true;
     op->route = OpState::kUnrouted;  // its time is now the receiver's wait: not the way's
     std::lock_guard lock(send_mu_);
     if (Status s = take_credit_back_locked(); !s.ok()) return s;
@@ -626,12 +627,12 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
   }
   // A held send's credit came back with its first answer. The credit comes back before the op
   // completes: a caller that posts again at once finds none of its requests on the wire.
-  if (!(h.type == Record::kSendAck && op->peer_token != 0)) {
+  if (!(h.type == Record::kSendAck && op->transport_area<ShmOpArea>().held)) {
     std::lock_guard lock(send_mu_);
     if (Status s = take_credit_back_locked(); !s.ok()) return s;
   }
   int64_t answered = answered_slices(h);
-  op->on_wire.fetch_sub(answered, std::memory_order_relaxed);
+  on_wire(*op).fetch_sub(answered, std::memory_order_relaxed);
   if (op->finish_slices(answered)) op->finish_posted();
   std::lock_guard lock(send_mu_);
   return pump_locked();

@@ -526,10 +526,11 @@ void TcpChannel::Stream::clear_to_send(uint64_t sender_op, OpState* recv) {
 
 Status TcpChannel::Stream::on_clear_to_send() {
   OpState* op = ch.link_->pool->lookup(cur.op_id);
-  if (op == nullptr || op->kind != OpKind::kSend || !rendezvous(*op) || op->peer_token != 0) {
+  if (op == nullptr || op->kind != OpKind::kSend || !rendezvous(*op) ||
+      op->transport_area<TcpOpArea>().cleared_to_send) {
     return {ErrorCode::kProtocol, "clear-to-send for no announced message"};
   }
-  op->peer_token = 1;  // asked for once
+  op->transport_area<TcpOpArea>().cleared_to_send = true;
   const OpEntry& e = op->entries[0];
   FrameHeader h;
   h.type = TcpFrame::kSend;

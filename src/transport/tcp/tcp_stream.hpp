@@ -80,6 +80,11 @@ inline std::size_t group_answers_allowed(const TcpOptions& options) {
 }
 
 // A piece of a group frame's payload: one entry's bytes.
+// What a TCP channel keeps in each op (OpState::transport_area).
+struct TcpOpArea {
+  bool cleared_to_send;  // an announced message's receiver asked for it (once only)
+};
+
 struct Segment {
   const uint8_t* data;
   uint64_t length;

@@ -114,7 +114,7 @@ void VerbsChannel::post_single_locked(Lane& lane, int index, OpState* op) {
 VerbsChannel::OutMsg VerbsChannel::fin_of(OpState* op) {
   OutMsg fin;
   fin.header.type = MsgType::kFin;
-  fin.header.id = op->peer_token;
+  fin.header.id = verbs_area(*op).peer_token;
   fin.header.a = op->bytes.load(std::memory_order_relaxed);  // the whole message
   fin.completes = op;
   return fin;
@@ -226,10 +226,10 @@ void VerbsChannel::pump_locked(Lane& lane, int index) {
     uint64_t len = std::min<uint64_t>(op->slice_bytes, e.length - offset);
     ibv_send_wr& wr = wrs[n];
     ibv_sge* sge = &sges[2 * n];
-    if (op->kind == OpKind::kSend && !op->zero_copy) {
+    if (op->kind == OpKind::kSend && !verbs_area(*op).zero_copy) {
       OutMsg chunk;
       chunk.header.type = MsgType::kChunk;
-      chunk.header.id = op->peer_token;
+      chunk.header.id = verbs_area(*op).peer_token;
       chunk.header.a = offset;
       chunk.payload = e.local + offset;
       chunk.payload_length = static_cast<uint32_t>(len);

@@ -54,6 +54,21 @@ struct VerbsAddress {
   static Status decode(std::span<const uint8_t> bytes, VerbsAddress& out);
 };
 
+// What a verbs channel keeps in each op (OpState::transport_area).
+struct VerbsOpArea {
+  // A large message once the receiver answered: its handle for the message, and whether the
+  // slices are RDMA WRITEs into its buffer (else CHUNK sends).
+  uint64_t peer_token;
+  bool zero_copy;
+  // A message whose receiver's one ACK is still to come: set by the poster, taken by whichever
+  // thread handles the ACK or the CTS (std::atomic_ref).
+  bool ack_due;
+};
+inline VerbsOpArea& verbs_area(OpState& op) { return op.transport_area<VerbsOpArea>(); }
+inline std::atomic_ref<bool> ack_due(OpState& op) {
+  return std::atomic_ref<bool>(verbs_area(op).ack_due);
+}
+
 class VerbsChannel final : public Channel,
                            public ProgressSource,
                            public core::Reactor::Handler,

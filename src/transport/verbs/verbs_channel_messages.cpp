@@ -29,7 +29,7 @@ void VerbsChannel::post_send_op(OpState* op) {
   msg.header.tag = op->tag;
   msg.header.id = op->id.load(std::memory_order_relaxed);
   op->pending.store(1);  // the receiver's ACK, or for an announced message the FIN's delivery
-  op->ack_due.store(true);
+  ack_due(*op).store(true);
   if (e.length <= kMessagePayload) {
     msg.header.type = MsgType::kEager;
     msg.payload = e.local;
@@ -211,13 +211,13 @@ void VerbsChannel::on_cts(const MsgHeader& h) {
   if (h.c > e.length) return protocol_error("CTS capacity beyond the message");
   // The receiver took the message: it sends no ACK (one now is a protocol error), the FIN's
   // delivery completes the send (finish_announced).
-  op->ack_due.store(false);
-  op->peer_token = h.b;
-  op->zero_copy = h.a != 0;
+  ack_due(*op).store(false);
+  verbs_area(*op).peer_token = h.b;
+  verbs_area(*op).zero_copy = h.a != 0;
   e.length = h.c;  // the receiver takes no more; FIN tells it the whole length
   e.remote_addr = h.a;
   e.remote_key = h.rkey;
-  op->slice_bytes = op->zero_copy ? kZeroCopySlice : kMessagePayload;
+  op->slice_bytes = verbs_area(*op).zero_copy ? kZeroCopySlice : kMessagePayload;
   uint64_t slices = h.c > 0 ? slice_count(h.c, op->slice_bytes) : 0;
   op->pending.fetch_add(static_cast<int64_t>(slices));
   op->lane_count = 1;
@@ -327,7 +327,7 @@ bool VerbsChannel::take_ack(uint64_t id, ErrorCode code, const uint8_t* text, ui
   }
   OpState* op = link_->pool->lookup(id);
   // One ACK per message: a second one would complete an op that may still be posting.
-  if (op == nullptr || op->kind != OpKind::kSend || !op->ack_due.exchange(false)) {
+  if (op == nullptr || op->kind != OpKind::kSend || !ack_due(*op).exchange(false)) {
     protocol_error("ACK for no message sent");
     return false;
   }
