@@ -34,10 +34,10 @@ Fabric& fabric() {
 LoopbackChannel::LoopbackChannel(ChannelArgs args, int rails, std::size_t key_bytes)
     : host_(args.host),
       link_(std::move(args.link)),
-      on_closed_(std::move(args.on_closed)),
       loop_(args.host.reactor().pick_loop()),
       rails_(rails),
-      key_bytes_(key_bytes) {}
+      key_bytes_(key_bytes),
+      latch_(std::move(args.on_closed)) {}
 
 LoopbackChannel::~LoopbackChannel() {
   std::lock_guard lock(fabric().mu);
@@ -88,7 +88,7 @@ Status LoopbackChannel::connect(std::span<const uint8_t> remote) {
 
 bool LoopbackChannel::enter() {
   users_.fetch_add(1);
-  if (closing_.load()) {
+  if (latch_.closing()) {
     leave();
     return false;
   }
@@ -96,17 +96,7 @@ bool LoopbackChannel::enter() {
 }
 
 void LoopbackChannel::leave() {
-  if (users_.fetch_sub(1) == 1) report_closed();
-}
-
-void LoopbackChannel::report_closed() {
-  if (quiesced_.exchange(true)) return;
-  Status reason;
-  {
-    std::lock_guard lock(close_mu_);
-    reason = close_reason_;
-  }
-  if (on_closed_) on_closed_(reason);
+  if (users_.fetch_sub(1) == 1) latch_.report();
 }
 
 PostResult LoopbackChannel::post(OpState* op) {
@@ -120,24 +110,20 @@ PostResult LoopbackChannel::post(OpState* op) {
 }
 
 void LoopbackChannel::close(const Status& reason) {
-  {
-    std::lock_guard lock(close_mu_);
-    if (closing_.exchange(true)) return;
-    close_reason_ = reason;
-  }
+  if (!latch_.begin(reason)) return;
   leave();  // the channel's own use: the last task to finish reports it closed
 }
 
 void LoopbackChannel::stop_after_reactor() {
   // Tasks the stopped reactor never ran touched nothing: the ops they hold fail with the peer.
-  report_closed();
+  latch_.report();
 }
 
 void LoopbackChannel::run(OpState* op) {
-  if (closing_.load()) return;  // the close path fails it: nothing was touched
+  if (latch_.closing()) return;  // the close path fails it: nothing was touched
   if (int64_t us = faults().delay_us.load(); us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(us));
-    if (closing_.load()) return;
+    if (latch_.closing()) return;
   }
   std::shared_ptr<LoopbackChannel> to = peer_.lock();
   if (!to || !to->enter()) {

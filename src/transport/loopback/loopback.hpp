@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "transport/close_latch.hpp"
 #include "transport/contract.hpp"
 
 namespace ferry::transport::loopback {
@@ -86,8 +87,8 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
-  bool closed() const override { return closing_.load(); }
-  bool quiesced() const override { return quiesced_.load(); }
+  bool closed() const override { return latch_.closing(); }
+  bool quiesced() const override { return latch_.quiesced(); }
   void stop_after_reactor() override;
   // An access holds the target's region only while it copies: nothing to cut off.
   void cut_off(const uint8_t*, uint64_t, const Status&) override {}
@@ -97,7 +98,6 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   // it closed.
   void leave();
   // Once: the channel is closed and nothing of it touches user memory (on_closed).
-  void report_closed();
   // Joins as a user unless closing (then false).
   bool enter();
   // Carries out a posted operation on this engine's progress thread.
@@ -111,18 +111,14 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
 
   Host& host_;
   std::shared_ptr<PeerLink> link_;
-  std::function<void(const Status&)> on_closed_;
   const int loop_;
   int rails_;                    // this end's until connect(), then the number both ends have
   const std::size_t key_bytes_;  // of the keys this end's transport registers
   uint64_t endpoint_ = 0;
   std::weak_ptr<LoopbackChannel> peer_;  // set by connect(), before any post
-  std::atomic<bool> closing_{false};
-  std::atomic<bool> quiesced_{false};
   // Tasks posted and not finished, plus one held by the channel until it closes.
   std::atomic<int> users_{1};
-  std::mutex close_mu_;
-  Status close_reason_;
+  CloseLatch latch_;
 };
 
 class LoopbackTransport final : public Transport {

@@ -53,7 +53,7 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
     : host_(args.host),
       pool_(std::move(pool)),
       link_(std::move(args.link)),
-      on_closed_(std::move(args.on_closed)),
+      latch_(std::move(args.on_closed)),
       dialer_(args.dialer),
       loop_(args.host.reactor().pick_loop()),
       no_cross_memory_(std::move(no_cross_memory)),
@@ -272,8 +272,8 @@ Status ShmChannel::start() {
   uses_.reserve(kMaxEntries);
   grants_.reserve(kRequestsInFlight);
   bell_handler_.channel = this;
-  std::lock_guard lock(close_mu_);
-  if (closing_.load()) return {ErrorCode::kPeerLost, "shm: connection already closed"};
+  std::lock_guard lock(latch_.lock());
+  if (latch_.closing()) return {ErrorCode::kPeerLost, "shm: connection already closed"};
   keep_alive_ = shared_from_this();
   // The dialer reads the listener's hello (its ring) from the socket; after it, the socket is
   // read only when a record announces a file on it.
@@ -606,22 +606,20 @@ Status ShmChannel::send_control(const Header& h, const Entry* entry, core::Fd fi
 // ---------------------------------------------------------------- closing
 
 void ShmChannel::close(const Status& reason) {
-  {
-    std::lock_guard lock(close_mu_);
-    if (closing_.exchange(true)) return;
-    close_reason_ = reason;
-    if (started_) {
+  bool in_reactor = false;
+  bool began = latch_.begin(reason, [&] {
+    in_reactor = started_;
+    if (in_reactor) {
       // The fd stays open until the channel is destroyed, so this never hits a reused number.
       ::shutdown(fd_.get(), SHUT_RDWR);
       host_.reactor().post(loop_, [self = shared_from_this()] { self->stop(); });
-      return;
     }
-  }
-  report_closed();  // never in the reactor: nothing of it runs
+  });
+  if (began && !in_reactor) latch_.report();  // never in the reactor: nothing of it runs
 }
 
 void ShmChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
-  if (closing_.load()) return;
+  if (latch_.closing()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), base, length, why] {
     self->polling_.lock();
     bool touched = false;
@@ -664,31 +662,21 @@ void ShmChannel::stop() {
   unmap_all();
   polling_.unlock();
   host_.reactor().retire(loop_, std::move(keep_alive_));
-  report_closed();
+  latch_.report();
 }
 
 void ShmChannel::stop_after_reactor() {
+  latch_.begin({ErrorCode::kCancelled, "engine shut down"});
   bool started = false;
   {
-    std::lock_guard lock(close_mu_);
-    if (!closing_.exchange(true)) close_reason_ = {ErrorCode::kCancelled, "engine shut down"};
+    std::lock_guard lock(latch_.lock());
     started = started_;
   }
   if (started) {
     stop();
   } else {
-    report_closed();
+    latch_.report();
   }
-}
-
-void ShmChannel::report_closed() {
-  if (quiesced_.exchange(true)) return;
-  Status reason;
-  {
-    std::lock_guard lock(close_mu_);
-    reason = close_reason_;
-  }
-  if (on_closed_) on_closed_(reason);
 }
 
 Status ShmTransport::make_channel(ChannelArgs args, std::shared_ptr<Channel>& out) {

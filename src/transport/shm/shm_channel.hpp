@@ -50,6 +50,7 @@
 
 #include "core/net.hpp"
 #include "core/polling_right.hpp"
+#include "transport/close_latch.hpp"
 #include "transport/contract.hpp"
 #include "transport/op.hpp"
 #include "transport/shm/copy_pool.hpp"
@@ -128,8 +129,8 @@ class ShmChannel final : public Channel,
   int lanes() const override { return 1; }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
-  bool closed() const override { return closing_.load(); }
-  bool quiesced() const override { return quiesced_.load(); }
+  bool closed() const override { return latch_.closing(); }
+  bool quiesced() const override { return latch_.quiesced(); }
   void stop_after_reactor() override;
   void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
 
@@ -254,12 +255,11 @@ class ShmChannel final : public Channel,
   // The op an answer names, checked against what was asked.
   OpState* answered_op(const View& r, Status& error) const;
   void stop();
-  void report_closed();
 
   Host& host_;
   std::shared_ptr<CopyPool> pool_;
   std::shared_ptr<PeerLink> link_;
-  std::function<void(const Status&)> on_closed_;
+  CloseLatch latch_;
   const bool dialer_;
   const int loop_;
   Nonce probe_{};  // read by the peer: proves cross-memory attach into this process
@@ -277,11 +277,7 @@ class ShmChannel final : public Channel,
   const bool measure_paths_;                    // ShmConfig::measure_paths
   const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
 
-  std::atomic<bool> closing_{false};
-  std::atomic<bool> quiesced_{false};
-  std::mutex close_mu_;
-  Status close_reason_;
-  std::atomic<bool> started_{false};        // in the reactor (set under close_mu_)
+  std::atomic<bool> started_{false};        // in the reactor (set under latch_.lock())
   std::atomic<bool> stopped_{false};        // set with the polling right held
   std::shared_ptr<ShmChannel> keep_alive_;  // while in the reactor
 

@@ -229,7 +229,7 @@ Status ShmChannel::on_unmapped(const View& r) {
 }
 
 void ShmChannel::revoking(uint32_t region_id) {
-  if (closing_.load()) return;
+  if (latch_.closing()) return;
   host_.reactor().post(loop_, [self = shared_from_this(), region_id] {
     self->polling_.lock();
     bool lent = !self->stopped_ && std::any_of(self->lent_.begin(), self->lent_.end(),

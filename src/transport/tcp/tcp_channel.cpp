@@ -35,7 +35,7 @@ TcpChannel::TcpChannel(Host& host, std::shared_ptr<PeerLink> link, const TcpOpti
     : host_(host),
       link_(std::move(link)),
       options_(options),
-      on_closed_(std::move(on_closed)),
+      latch_(std::move(on_closed)),
       dialer_(dialer) {
   if (options_.streams < 1 || options_.streams > OpState::kMaxLanes) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -70,9 +70,10 @@ Status TcpChannel::connect(std::span<const uint8_t> remote) {
                                       std::to_string(OpState::kMaxLanes) + ")"};
   }
   if (!dialer_ || streams == streams_.size()) return {};
-  // Under close_mu_, which close() takes before it looks at the streams; none is attached yet.
-  std::lock_guard lock(close_mu_);
-  if (closing_.load()) return {ErrorCode::kPeerLost, "tcp: connection already closed"};
+  // Under the latch's lock, which close() takes before it looks at the streams; none is attached
+  // yet.
+  std::lock_guard lock(latch_.lock());
+  if (latch_.closing()) return {ErrorCode::kPeerLost, "tcp: connection already closed"};
   make_streams(streams);
   return {};
 }
@@ -81,9 +82,10 @@ Status TcpChannel::attach_side(int index, core::Fd fd) {
   if (index < 0 || index >= static_cast<int>(streams_.size())) {
     return {ErrorCode::kProtocol, "join: stream index " + std::to_string(index) + " out of range"};
   }
-  // Under close_mu_, so a concurrent close() either sees this stream attached or refuses it.
-  std::lock_guard close_lock(close_mu_);
-  if (closing_.load()) return {ErrorCode::kPeerLost, "join: connection already closed"};
+  // Under the latch's lock, so a concurrent close() either sees this stream attached or
+  // refuses it.
+  std::lock_guard close_lock(latch_.lock());
+  if (latch_.closing()) return {ErrorCode::kPeerLost, "join: connection already closed"};
   Stream& s = *streams_[static_cast<std::size_t>(index)];
   if (s.attached) return {ErrorCode::kProtocol, "join: stream " + std::to_string(index) + " twice"};
   if (Status st = core::set_nonblocking(fd.get(), true); !st.ok()) return st;
@@ -118,24 +120,23 @@ PostResult TcpChannel::post(OpState* op) {
     }
     if (s.queue_head != nullptr) result = PostResult::kQueued;
   }
-  // Never under a send lock: close() takes close_mu_, which comes first (see attach_side()).
+  // Never under a send lock: close() takes the latch's lock, which comes first (see
+  // attach_side()).
   if (!failed.ok()) close(failed);
   return result;
 }
 
 void TcpChannel::close(const Status& reason) {
   std::vector<std::shared_ptr<Stream>> attached;
-  {
-    std::lock_guard lock(close_mu_);
-    if (closing_.exchange(true)) return;
-    close_reason_ = reason;
+  bool began = latch_.begin(reason, [&] {
     for (auto& s : streams_) {
       if (s->attached) attached.push_back(s);
     }
     // Counts as one live stream until the loop below is done, so the last stream to stop
     // cannot finish the close before every stop was scheduled.
     live_streams_.fetch_add(1);
-  }
+  });
+  if (!began) return;
   for (auto& s : attached) {
     // Answers already queued go out first, if the socket takes them now: an ack for a message
     // the application has already received must reach its sender, or an orderly shutdown
@@ -153,11 +154,11 @@ void TcpChannel::close(const Status& reason) {
 }
 
 void TcpChannel::cut_off(const uint8_t* base, uint64_t length, const Status& why) {
-  if (closing_.load()) return;
+  if (latch_.closing()) return;
   auto self = shared_from_this();
-  // Under close_mu_, as attach_side() attaches a stream and sets its loop: a peer still joining
-  // has streams not attached yet, which hold nothing.
-  std::lock_guard lock(close_mu_);
+  // Under the latch's lock, as attach_side() attaches a stream and sets its loop: a peer still
+  // joining has streams not attached yet, which hold nothing.
+  std::lock_guard lock(latch_.lock());
   for (auto& s : streams_) {
     if (!s->attached) continue;
     host_.reactor().post(s->loop, [self, s, base, length, why] {
@@ -195,7 +196,7 @@ std::vector<TcpChannel::StreamUsage> TcpChannel::usage() {
   for (std::size_t i = 0; i < streams_.size(); ++i) {
     std::shared_ptr<Stream> s = streams_[i];
     {
-      std::lock_guard lock(close_mu_);
+      std::lock_guard lock(latch_.lock());
       if (!s->attached) continue;
     }
     auto answer = std::make_shared<std::promise<StreamUsage>>();
@@ -221,14 +222,8 @@ std::vector<TcpChannel::StreamUsage> TcpChannel::usage() {
 }
 
 void TcpChannel::stream_stopped() {
-  if (live_streams_.fetch_sub(1) != 1 || !closing_.load()) return;
-  // Nothing receives into or sends from user memory any more.
-  Status reason;
-  {
-    std::lock_guard lock(close_mu_);
-    reason = close_reason_;
-  }
-  if (on_closed_) on_closed_(reason);
+  if (live_streams_.fetch_sub(1) != 1 || !latch_.closing()) return;
+  latch_.report();  // nothing receives into or sends from user memory any more
 }
 
 Status TcpChannel::imm_progress(uint64_t op_id, uint32_t streams, uint32_t imm, bool last,

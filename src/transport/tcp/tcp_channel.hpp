@@ -19,6 +19,7 @@
 #include "core/frame.hpp"
 #include "core/net.hpp"
 #include "core/ring.hpp"
+#include "transport/close_latch.hpp"
 #include "transport/contract.hpp"
 
 namespace ferry::transport::tcp {
@@ -55,10 +56,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   int lanes() const override { return static_cast<int>(streams_.size()); }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
-  bool closed() const override { return closing_.load(); }
+  bool closed() const override { return latch_.closing(); }
   void cut_off(const uint8_t* base, uint64_t length, const Status& why) override;
   // Every stream has stopped and the in-flight operations have been failed.
-  bool quiesced() const override { return closing_.load() && live_streams_.load() == 0; }
+  bool quiesced() const override { return latch_.quiesced(); }
   // Stops the remaining streams on the calling thread; only once the reactor has stopped.
   void stop_after_reactor() override;
 
@@ -90,13 +91,10 @@ class TcpChannel final : public Channel, public std::enable_shared_from_this<Tcp
   Host& host_;
   std::shared_ptr<PeerLink> link_;
   TcpOptions options_;
-  std::function<void(const Status&)> on_closed_;
+  CloseLatch latch_;
   const bool dialer_;
   std::vector<std::shared_ptr<Stream>> streams_;
-  std::atomic<bool> closing_{false};
   std::atomic<int> live_streams_{0};
-  std::mutex close_mu_;
-  Status close_reason_;
 
   struct ImmProgress {
     uint32_t streams_done;

@@ -143,7 +143,7 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   int loop = 0;
   core::Fd fd;
   std::shared_ptr<TcpChannel> keep_channel;  // dropped when the stream stops
-  bool attached = false;                     // set once under the channel's close_mu_
+  bool attached = false;                     // set once under the channel's latch lock
   bool stopped = false;                      // loop thread only
 
   // ---- receive side: loop thread only ----

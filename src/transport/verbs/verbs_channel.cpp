@@ -322,7 +322,7 @@ void VerbsChannel::progress() {
   // Holding a reference: a completion callback may drop the last other one.
   std::shared_ptr<VerbsChannel> self = weak_from_this().lock();
   if (!self || polling_.held_here() || !polling_.try_lock()) return;
-  if (!quiesced_.load()) poll_both();
+  if (!stopped_.load()) poll_both();
   // What the poll posted (a large message's slices after its CTS) completes with nobody
   // polling unless the send queue is armed.
   poll_and_arm_locked();
@@ -340,7 +340,7 @@ void VerbsChannel::watch_poll(bool messages) {
   if (polling_.held_here() || !polling_.try_lock()) return;
   // A write or read completes on the send queue alone: one poll per turn keeps its completion
   // as close as perftest's loop does (the progress thread handles receives).
-  if (!quiesced_.load(std::memory_order_relaxed)) {
+  if (!stopped_.load(std::memory_order_relaxed)) {
     poll_send();
     if (messages) poll_recv();
   }
@@ -361,7 +361,7 @@ void VerbsChannel::leave_spin() {
 }
 
 void VerbsChannel::poll_and_arm_locked() {
-  if (quiesced_.load()) return;
+  if (stopped_.load()) return;
   poll_send();
   if (spinners_.load() == 0 && outstanding_.load() > 0) {
     ibv_req_notify_cq(send_cq_, 0);
@@ -378,7 +378,7 @@ void VerbsChannel::ack_events() {
 void VerbsChannel::on_event(uint32_t) {
   // An event the loop fetched in the round whose task quiesced the channel: its completion
   // channel went to the teardown thread (which acknowledges what is left).
-  if (quiesced_.load()) return;
+  if (stopped_.load()) return;
   ack_events();
   // Receives: always armed (a waiter may poll them too).
   ibv_req_notify_cq(recv_cq_, 0);
@@ -391,7 +391,7 @@ void VerbsChannel::on_event(uint32_t) {
   poll_and_arm_locked();
   // Busy: keep polling until `busy_poll` passed without a completion.
   auto last = std::chrono::steady_clock::now();
-  while (busy_poll_.count() > 0 && !quiesced_.load() &&
+  while (busy_poll_.count() > 0 && !stopped_.load() &&
          std::chrono::steady_clock::now() - last < busy_poll_) {
     if (poll_both() > 0) last = std::chrono::steady_clock::now();
   }
@@ -407,8 +407,8 @@ int VerbsChannel::drain(ibv_cq* cq, void (VerbsChannel::*handle)(const ibv_wc&),
     if (n <= 0) break;
     handled += n;
     for (int i = 0; i < n; ++i) (this->*handle)(wcs[i]);
-    if (n < kPollBatch) break;    // the queue was empty: a second poll would find little
-    if (quiesced_.load()) break;  // a callback closed the channel: `cq` went to the teardown
+    if (n < kPollBatch) break;   // the queue was empty: a second poll would find little
+    if (stopped_.load()) break;  // a callback closed the channel: `cq` went to the teardown
   }
   return handled;
 }
@@ -483,7 +483,7 @@ void VerbsChannel::handle_recv_completion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     // Flushed or failed: its buffer holds nothing; it goes back to the shared queue.
     Status reposted = dev_.repost_srq(slot);
-    if (!closing_.load()) close(reposted.ok() ? error_of(wc) : reposted);
+    if (!latch_.closing()) close(reposted.ok() ? error_of(wc) : reposted);
     return;
   }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {

@@ -33,6 +33,7 @@
 
 #include "core/polling_right.hpp"
 #include "core/ring.hpp"
+#include "transport/close_latch.hpp"
 #include "transport/contract.hpp"
 #include "transport/verbs/verbs_device.hpp"
 #include "transport/verbs/verbs_message.hpp"
@@ -99,10 +100,10 @@ class VerbsChannel final : public Channel,
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
-  bool closed() const override { return closing_.load(); }
+  bool closed() const override { return latch_.closing(); }
   // The NIC serves the peer's accesses without holding the region: ibv_dereg_mr ends them.
   void cut_off(const uint8_t*, uint64_t, const Status&) override {}
-  bool quiesced() const override { return quiesced_.load(); }
+  bool quiesced() const override { return latch_.quiesced(); }
   // Stops the queue pairs on the calling thread; only once the reactor has stopped.
   void stop_after_reactor() override;
 
@@ -229,7 +230,7 @@ class VerbsChannel final : public Channel,
   VerbsDevice& dev_;
   const VerbsApi& api_;
   std::shared_ptr<PeerLink> link_;
-  std::function<void(const Status&)> on_closed_;
+  CloseLatch latch_;
   ibv_comp_channel* comp_ = nullptr;
   ibv_cq* send_cq_ = nullptr;
   ibv_cq* recv_cq_ = nullptr;
@@ -256,10 +257,8 @@ class VerbsChannel final : public Channel,
   uint64_t next_token_ = 0;
   std::unordered_set<uint64_t> awaiting_cts_;  // our large sends' op ids
 
-  std::atomic<bool> closing_{false};
-  std::atomic<bool> quiesced_{false};
-  std::mutex close_mu_;
-  Status close_reason_;
+  // The queue pairs are stopping or stopped: no completion queue may be polled any more.
+  std::atomic<bool> stopped_{false};
 };
 
 }  // namespace ferry::transport::verbs

@@ -120,7 +120,7 @@ VerbsChannel::VerbsChannel(Host& host, VerbsDevice& device, std::shared_ptr<Peer
       dev_(device),
       api_(device.api()),
       link_(std::move(link)),
-      on_closed_(std::move(on_closed)) {}
+      latch_(std::move(on_closed)) {}
 
 Status VerbsChannel::init(int qps) {
   if (qps < 1 || qps > static_cast<int>(VerbsAddress::kMaxQps)) {
@@ -262,16 +262,12 @@ Status VerbsChannel::connect(std::span<const uint8_t> address) {
 // flush completions instead hung on Soft-RoCE, whose 6.1 receive queues do not always flush.)
 
 void VerbsChannel::close(const Status& reason) {
-  {
-    std::lock_guard lock(close_mu_);
-    if (closing_.exchange(true)) return;
-    close_reason_ = reason;
-  }
+  if (!latch_.begin(reason)) return;
   if (!registered_) {
     // Never connected: no request reached the wire, nothing to wait for.
     take_resources().destroy();
-    quiesced_.store(true);
-    if (on_closed_) on_closed_(reason);
+    stopped_.store(true);
+    latch_.report();
     return;
   }
   std::shared_ptr<VerbsChannel> self = shared_from_this();
@@ -350,7 +346,7 @@ void VerbsChannel::quiesce() {
   // engine down from inside a poll already holds the right).
   bool held_here = polling_.held_here();
   if (!held_here) polling_.lock();
-  bool already = quiesced_.exchange(true);
+  bool already = stopped_.exchange(true);
   if (!already) {
     stop_queue_pairs();
     drain_receives();
@@ -358,13 +354,8 @@ void VerbsChannel::quiesce() {
   if (!held_here) polling_.unlock();
   if (already) return;
   if (registered_) host_.reactor().remove(loop_, comp_->fd);
-  Status reason;
-  {
-    std::lock_guard lock(close_mu_);
-    reason = close_reason_;
-  }
   // The queue pairs are stopped: the operations may fail now, before they are destroyed.
-  if (on_closed_) on_closed_(reason);
+  latch_.report();
   auto resources = std::make_shared<Resources>(take_resources());
   std::string what = "ibv_destroy_qp of queue pair";
   for (ibv_qp* qp : resources->qps) what += " " + std::to_string(qp->qp_num);
