@@ -31,5 +31,14 @@ for t in src/transport/*/; do
           grep -v "^src/transport/$name/" | grep "transport/$name/" || true)
   if [ -n "$other" ]; then echo "layer violation (private to $name): $other"; fail=1; fi
 done
+# No circles between engine files: the listener reaches its engine through ListenerHost
+# (listener.hpp), and routing, the handshake's codecs and a peer's channel set know no engine.
+# engine_impl.hpp includes them, never the other way round.
+circles=$(grep -lE '#include "engine/engine_impl.hpp"' src/engine/listener.* src/engine/route.* \
+            src/engine/handshake.* src/engine/channel_set.hpp 2>/dev/null || true)
+if [ -n "$circles" ]; then
+  echo "layer violation (circle through engine_impl.hpp): $circles"
+  fail=1
+fi
 [ $fail -eq 0 ] && echo "layers: ok"
 exit $fail

@@ -46,10 +46,17 @@ struct RegionRecord {
   std::shared_ptr<core::SharedMemory> owned;
 };
 
-// `config` with the FERRY_TRANSPORTS environment variable applied (Engine::with_environment).
+// The engine's settings (settings.cpp). `config` with the FERRY_TRANSPORTS environment variable
+// applied (Engine::with_environment).
 Config apply_environment(const Config& config);
+// Throws kInvalidArgument, naming the setting, for a value out of its range.
+void validate(const Config& config);
+// Logs the settings that work but deserve a second look.
+void warn_about(const Config& config);
 
-class EngineImpl final : public transport::Host, public std::enable_shared_from_this<EngineImpl> {
+class EngineImpl final : public transport::Host,
+                         public ListenerHost,
+                         public std::enable_shared_from_this<EngineImpl> {
  public:
   explicit EngineImpl(const Config& config);
   ~EngineImpl();
@@ -73,11 +80,11 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   // The peer lost its connection (already closed); forget it.
   void peer_closed(PeerImpl* peer);
   // Transports this engine can use now, in preference order.
-  std::vector<TransportKind> usable_transports() const;
+  std::vector<TransportKind> usable_transports() const override;
   // The channels a client `reach` away that offered `offered` gets: those of our usable
   // transports it offered that reach it, in our order.
   std::vector<TransportKind> channels_for(std::span<const TransportKind> offered,
-                                          Reach reach) const;
+                                          Reach reach) const override;
   // Why a configured transport could not be opened here ("" when it was).
   std::string unusable_reason(TransportKind kind) const;
   // Channel set-up, both sides (docs/protocol.md, "Handshake"). Creates one channel of the
@@ -104,28 +111,30 @@ class EngineImpl final : public transport::Host, public std::enable_shared_from_
   };
   static MemoryBound memory_bound(const Config& config);
 
-  // Handshake steps, driven by the Listener.
-  // Whether a peer claiming `hello`'s identity may join: the max_peers cap, and no other live
-  // peer that connected to us holds its engine id (a newer incarnation that `proven` it knows
-  // the secret replaces the older one).
-  Status check_admission(const engine::Hello& hello, bool proven);
-  // Admits the client and creates its peer and channels; `control` moves into the peer.
+  // The server's handshake steps and the liveness tick, driven by the Listener (ListenerHost
+  // says what each does).
+  const Config& settings() const override { return config; }
+  engine::Identity identity() const override { return {id, incarnation, locality}; }
+  // Also: no other live peer that connected to us holds the engine id (a newer incarnation
+  // that proved the secret replaces the older one), and the max_peers cap.
+  Status check_admission(const engine::Hello& hello, bool proven) override;
   Status create_peer(const engine::Hello& hello, const std::string& address,
                      const std::vector<TransportKind>& channels, core::Fd& control,
-                     std::shared_ptr<PeerImpl>& out);
-  // The peer waits for its channels' side connections until `deadline`.
+                     std::shared_ptr<PeerImpl>& out) override;
+  Status connect_peer_channels(const PeerImpl& peer, std::span<const uint8_t> body) override {
+    return connect_channels(peer, body);
+  }
+  std::vector<uint8_t> peer_channel_addresses(const PeerImpl& peer) override {
+    return channel_addresses(peer);
+  }
   void add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
-                   Clock::time_point deadline);
-  std::shared_ptr<PeerImpl> find_joining(const engine::Token& token);
-  // The client is told one more of its side connections joined (`delta` 1), or that was
-  // not sent after all (-1).
-  void told_joined(const engine::Token& token, int delta);
-  // A side connection joined; the peer is published once all of them did.
-  void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join, core::Fd fd);
-  // A peer that connected to us is ready: accept() returns it.
-  void publish(const std::shared_ptr<PeerImpl>& peer);
-  // Liveness: declares silent peers lost, pings idle ones, drops peers whose streams are late.
-  void housekeeping();
+                   Clock::time_point deadline) override;
+  std::shared_ptr<PeerImpl> find_joining(const engine::Token& token) override;
+  void told_joined(const engine::Token& token, int delta) override;
+  void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
+                   core::Fd fd) override;
+  void publish(const std::shared_ptr<PeerImpl>& peer) override;
+  void housekeeping() override;
 
   const Config config;
   const uint64_t id;

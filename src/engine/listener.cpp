@@ -10,7 +10,7 @@
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
-#include "engine/engine_impl.hpp"
+#include "engine/peer_impl.hpp"
 
 namespace ferry::detail {
 
@@ -70,7 +70,7 @@ struct Listener::Handshake {
   std::shared_ptr<PeerImpl> peer;
 };
 
-Listener::Listener(EngineImpl& engine, core::Fd socket)
+Listener::Listener(ListenerHost& engine, core::Fd socket)
     : engine_(engine), socket_(std::move(socket)) {
   epoll_ = core::Fd(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) throw Error(core::sys_status("epoll_create1"));
@@ -175,7 +175,7 @@ void Listener::accept_burst(Clock::time_point now) {
 }
 
 void Listener::admit(core::Fd fd, Clock::time_point now) {
-  const Config& config = engine_.config;
+  const Config& config = engine_.settings();
   core::HostPort remote = core::peer_host_port(fd.get());
   auto h = std::make_unique<Handshake>();
   h->sock = fd.get();
@@ -235,7 +235,7 @@ void Listener::evict_one() {
   }
   if (oldest != nullptr) {
     fail(*oldest, {ErrorCode::kResourceExhausted,
-                   "handshake evicted: " + std::to_string(engine_.config.max_handshakes) +
+                   "handshake evicted: " + std::to_string(engine_.settings().max_handshakes) +
                        " handshakes pending (max_handshakes), most of them from " + heaviest});
   }
 }
@@ -311,12 +311,13 @@ Status Listener::step(Handshake& h, const FrameHeader& header, std::span<const u
 
 Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   if (Status s = engine::decode(body, h.hello); !s.ok()) return s;
-  const Config& config = engine_.config;
+  const Config& config = engine_.settings();
   engine::HelloAck& ack = h.ack;
-  ack.engine_id = engine_.id;
-  ack.incarnation = engine_.incarnation;
-  ack.locality = engine_.locality;
-  Reach reach = core::reach_between(engine_.locality, h.hello.locality);
+  const engine::Identity us = engine_.identity();
+  ack.engine_id = us.engine_id;
+  ack.incarnation = us.incarnation;
+  ack.locality = us.locality;
+  Reach reach = core::reach_between(us.locality, h.hello.locality);
   ack.channels = engine_.channels_for(h.hello.transports, reach);
   if (ack.channels.empty()) {
     std::string ours;
@@ -341,7 +342,7 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
 }
 
 Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
-  const Config& config = engine_.config;
+  const Config& config = engine_.settings();
   engine::Auth auth;
   if (Status s = engine::decode(body, auth); !s.ok()) return s;
   if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, transcript(h)))) {
@@ -356,7 +357,7 @@ engine::Transcript Listener::transcript(const Handshake& h) const {
   return {h.hello.nonce,
           h.ack.nonce,
           {h.hello.engine_id, h.hello.incarnation, h.hello.locality},
-          {engine_.id, engine_.incarnation, engine_.locality},
+          engine_.identity(),
           h.hello.transports,
           h.ack.channels};
 }
@@ -370,8 +371,8 @@ Status Listener::admit_peer(Handshake& h) {
 }
 
 Status Listener::on_addresses(Handshake& h, std::span<const uint8_t> body) {
-  if (Status s = EngineImpl::connect_channels(*h.peer, body); !s.ok()) return s;
-  if (Status s = queue(h, EngineImpl::channel_addresses(*h.peer)); !s.ok()) return s;
+  if (Status s = engine_.connect_peer_channels(*h.peer, body); !s.ok()) return s;
+  if (Status s = queue(h, engine_.peer_channel_addresses(*h.peer)); !s.ok()) return s;
   // Counted from the reply on: the client may use the peer and close it before we publish.
   engine_.add_joining(h.ack.token, h.peer, h.deadline);
   h.publish = h.peer->channels.side_connections() == 0;
@@ -492,7 +493,7 @@ void Listener::expire(Clock::time_point now) {
     fail(h, {ErrorCode::kTimeout,
              "handshake with " + h.address + " did not complete within " +
                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    engine_.config.connect_timeout)
+                                    engine_.settings().connect_timeout)
                                     .count()) +
                  " ms (connect_timeout)"});
   }

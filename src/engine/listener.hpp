@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/frame.hpp"
 #include "core/log.hpp"
@@ -21,13 +22,53 @@
 
 namespace ferry::detail {
 
-class EngineImpl;
+class PeerImpl;
+
+// What the listener asks of its engine: the server's steps of the handshake and the liveness
+// tick. EngineImpl implements it; the listener sees nothing else of the engine, so the two do
+// not depend on each other (listener.cpp never includes engine_impl.hpp).
+class ListenerHost {
+ public:
+  virtual const Config& settings() const = 0;
+  virtual engine::Identity identity() const = 0;
+  // Transports this engine can use now, in preference order.
+  virtual std::vector<TransportKind> usable_transports() const = 0;
+  // The channels a client `reach` away that offered `offered` gets.
+  virtual std::vector<TransportKind> channels_for(std::span<const TransportKind> offered,
+                                                  Reach reach) const = 0;
+  // Whether a peer claiming `hello`'s identity may join (`proven`: it proved the secret).
+  virtual Status check_admission(const engine::Hello& hello, bool proven) = 0;
+  // Admits the client and creates its peer and channels; `control` moves into the peer.
+  virtual Status create_peer(const engine::Hello& hello, const std::string& address,
+                             const std::vector<TransportKind>& channels, core::Fd& control,
+                             std::shared_ptr<PeerImpl>& out) = 0;
+  // Connects the peer's channels to the client's addresses (CHANNEL_ADDRESSES `body`), and the
+  // frame of ours to answer with.
+  virtual Status connect_peer_channels(const PeerImpl& peer, std::span<const uint8_t> body) = 0;
+  virtual std::vector<uint8_t> peer_channel_addresses(const PeerImpl& peer) = 0;
+  // The peer waits for its channels' side connections until `deadline`.
+  virtual void add_joining(const engine::Token& token, std::shared_ptr<PeerImpl> peer,
+                           Clock::time_point deadline) = 0;
+  virtual std::shared_ptr<PeerImpl> find_joining(const engine::Token& token) = 0;
+  // The client is told one more of its side connections joined (`delta` 1), or not after all.
+  virtual void told_joined(const engine::Token& token, int delta) = 0;
+  // A side connection joined; the peer is published once all of them did.
+  virtual void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
+                           core::Fd fd) = 0;
+  // A peer that connected to us is ready: accept() returns it.
+  virtual void publish(const std::shared_ptr<PeerImpl>& peer) = 0;
+  // Liveness: declares silent peers lost, pings idle ones, drops peers whose streams are late.
+  virtual void housekeeping() = 0;
+
+ protected:
+  ~ListenerHost() = default;
+};
 
 class Listener {
  public:
   // `socket` is the listening socket, or invalid when the engine does not listen (then only
   // the liveness timer runs).
-  Listener(EngineImpl& engine, core::Fd socket);
+  Listener(ListenerHost& engine, core::Fd socket);
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -74,7 +115,7 @@ class Listener {
   // Makes room for one more handshake: evicts the oldest one of the source holding the most.
   void evict_one();
 
-  EngineImpl& engine_;
+  ListenerHost& engine_;
   core::Fd socket_;
   core::Fd epoll_;
   core::Fd wake_;  // eventfd: stop()
