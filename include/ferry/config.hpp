@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/types.hpp"
@@ -126,6 +127,13 @@ struct Config {
   TcpConfig tcp{};
   VerbsConfig verbs{};
   ShmConfig shm{};
+  // Transport settings kept by name, {"fabric.provider", "efa"}: those a transport declares
+  // without a field above. Engine::set writes any setting by name (and checks it);
+  // Engine::settings lists them all, with their ranges and help.
+  std::vector<std::pair<std::string, std::string>> transport_settings{};
+  // Whether FERRY_<TRANSPORT>_<NAME> environment variables (FERRY_TCP_STREAMS=4) override the
+  // settings they name (see Engine::with_environment).
+  bool settings_from_environment = true;
   // Threads that drive sockets and completions.
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).

@@ -355,8 +355,17 @@ class FERRY_API Engine {
   // transports it names, comma-separated, best first ("shm,tcp"), so that an operator can order
   // or restrict them without a rebuild. An empty list, an empty or unknown name is an error
   // (kInvalidArgument) that names the variable.
+  // Then, unless Config::settings_from_environment is off, each FERRY_<TRANSPORT>_<NAME>
+  // variable that is set (FERRY_TCP_STREAMS=4) overrides the transport setting it names.
   static Config with_environment(const Config& config);
   static constexpr const char* kTransportsVariable = "FERRY_TRANSPORTS";
+  // Every transport setting, with its value in `config` (after with_environment), default,
+  // range, environment variable and help.
+  static std::vector<SettingInfo> settings(const Config& config = Config{});
+  // Sets the transport setting `name` ("tcp.streams", "shm.stream_poll") from text ("4",
+  // "20us", "1M", "true"), checked against its declared type and range. Throws
+  // Error(kInvalidArgument) naming the setting, leaving `config` unchanged.
+  static void set(Config& config, std::string_view name, std::string_view value);
   // The routes an engine configured by `config` would take to a peer `reach` away that offers
   // the same transports, with this host's transports as they are now (ferry info).
   static std::vector<RouteInfo> routes(const Config& config, Reach reach);

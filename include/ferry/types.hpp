@@ -57,6 +57,18 @@ enum class Reach : uint8_t {
 };
 FERRY_API std::string_view to_string(Reach reach) noexcept;
 
+// One transport setting as Engine::settings() lists it (each is declared once, in its
+// transport's folder).
+struct SettingInfo {
+  std::string name{};   // "tcp.streams": what Engine::set and `ferry bench --set` take
+  std::string type{};   // "bool", "count", "bytes", "duration" (a unit: 20us) or "text"
+  std::string value{};  // in the config listed, the environment applied
+  std::string default_value{};
+  std::string range{};        // "1..64" (empty for bool and text)
+  std::string environment{};  // "FERRY_TCP_STREAMS"
+  std::string help{};
+};
+
 // What Engine::transports() reports of one transport on this host.
 struct TransportInfo {
   TransportKind kind{};

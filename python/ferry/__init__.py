@@ -69,6 +69,12 @@ def transports() -> list[dict[str, Any]]:
     return _ferry.Engine.transports()
 
 
+def settings() -> list[dict[str, Any]]:
+    """Every transport setting (name, type, value, default, range, environment, help): what
+    Engine(settings={...}) and the FERRY_<TRANSPORT>_<NAME> variables take."""
+    return _ferry.Engine.settings()
+
+
 @atexit.register
 def _shutdown_engines() -> None:
     # Before the interpreter winds down: no Ferry thread calls into Python after this.
@@ -78,5 +84,5 @@ def _shutdown_engines() -> None:
 
 __all__ = [
     "Access", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
-    "FerryError", "log_level", "set_log_level", "transports", "__version__",
+    "FerryError", "log_level", "set_log_level", "settings", "transports", "__version__",
 ] + [cls.__name__ for cls in BY_CODE.values()]

@@ -105,6 +105,31 @@ void PyRegion::deregister() {
   owner = nb::object();
 }
 
+namespace {
+// One entry of Engine(settings={...}): a str, int or bool value, as Engine::set takes it.
+void apply_setting(Config& c, nb::handle name, nb::handle value) {
+  if (!nb::isinstance<nb::str>(name)) throw nb::type_error("settings: names are str");
+  std::string text;
+  if (nb::isinstance<nb::bool_>(value)) {
+    text = nb::cast<bool>(value) ? "true" : "false";
+  } else if (nb::isinstance<nb::int_>(value)) {
+    text = std::to_string(nb::cast<int64_t>(value));
+  } else if (nb::isinstance<nb::str>(value)) {
+    text = nb::cast<std::string>(value);
+  } else {
+    throw nb::type_error(("settings['" + nb::cast<std::string>(name) +
+                          "']: a str, int or bool, not " +
+                          nb::cast<std::string>(nb::str(value.type())))
+                             .c_str());
+  }
+  try {
+    Engine::set(c, nb::cast<std::string>(name), text);
+  } catch (const Error& e) {
+    raise_status(e.status());
+  }
+}
+}  // namespace
+
 void bind_engine(nb::module_& m) {
   nb::enum_<Access>(m, "Access", nb::is_flag(), "What a peer may do with a registered region.")
       .value("LOCAL", Access::kLocal, "only this engine uses it")
@@ -169,8 +194,8 @@ void bind_engine(nb::module_& m) {
              std::size_t max_unexpected_messages, std::size_t max_unexpected_bytes_total,
              bool zero_copy_receives, std::size_t max_peers, std::size_t max_handshakes,
              int max_handshakes_per_source, std::size_t max_queued_imms,
-             std::size_t max_queued_imms_total, double revoke_timeout,
-             std::size_t tcp_eager_bytes, bool metrics) {
+             std::size_t max_queued_imms_total, double revoke_timeout, std::size_t tcp_eager_bytes,
+             bool metrics, std::optional<nb::dict> settings) {
             Config c;
             c.listen = listen;
             c.listen_host = listen_host;
@@ -204,6 +229,9 @@ void bind_engine(nb::module_& m) {
             c.revoke_timeout = seconds(revoke_timeout, "revoke_timeout");
             c.tcp.eager_bytes = tcp_eager_bytes;
             c.metrics = metrics;
+            if (settings) {
+              for (auto [name, value] : *settings) apply_setting(c, name, value);
+            }
             std::unique_ptr<Engine> engine;
             {
               nb::gil_scoped_release unlocked;
@@ -232,8 +260,11 @@ void bind_engine(nb::module_& m) {
           "max_queued_imms_total"_a = defaults.max_queued_imms_total,
           "revoke_timeout"_a = std::chrono::duration<double>(defaults.revoke_timeout).count(),
           "tcp_eager_bytes"_a = defaults.tcp.eager_bytes, "metrics"_a = defaults.metrics,
+          "settings"_a = nb::none(),
           "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
-          "transports: names in order of preference, e.g. ['verbs', 'tcp'].")
+          "transports: names in order of preference, e.g. ['verbs', 'tcp']. settings: any "
+          "transport setting by name, {'tcp.streams': 4, 'shm.stream_poll': '50us'} "
+          "(ferry.settings() lists them), applied after the keywords.")
       .def_prop_ro(
           "address", [](const PyEngine& e) { return e.get().address(); },
           "'host:port' peers can connect to ('' when not listening).")
@@ -397,7 +428,26 @@ void bind_engine(nb::module_& m) {
             }
             return out;
           },
-          "Transports compiled in and whether they are usable on this host, and why.");
+          "Transports compiled in and whether they are usable on this host, and why.")
+      .def_static(
+          "settings",
+          [] {
+            std::vector<nb::dict> out;
+            for (const SettingInfo& s : Engine::settings()) {
+              nb::dict d;
+              d["name"] = s.name;
+              d["type"] = s.type;
+              d["value"] = s.value;
+              d["default"] = s.default_value;
+              d["range"] = s.range;
+              d["environment"] = s.environment;
+              d["help"] = s.help;
+              out.push_back(d);
+            }
+            return out;
+          },
+          "Every transport setting: name, type, value (the environment applied), default, range, "
+          "environment variable, help.");
 }
 
 }  // namespace ferry::python

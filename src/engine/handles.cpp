@@ -1,6 +1,7 @@
 // The public handles (Engine, Peer, Region) forward to the engine layer.
 #include <algorithm>
 
+#include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/registry.hpp"
@@ -167,6 +168,24 @@ std::vector<TransportInfo> Engine::transports() {
 }
 
 Config Engine::with_environment(const Config& config) { return detail::apply_environment(config); }
+
+std::vector<SettingInfo> Engine::settings(const Config& given) {
+  Config config = detail::apply_environment(given);
+  Config defaults;
+  std::vector<SettingInfo> out;
+  for (const transport::NamedSetting& n : transport::declared_settings()) {
+    const transport::Setting& s = *n.setting;
+    out.push_back({n.full_name(), std::string(transport::setting_type_name(s.type)),
+                   transport::setting_text(config, n.transport, s),
+                   transport::setting_text(defaults, n.transport, s), transport::setting_range(s),
+                   transport::environment_variable(n.transport, s), s.help});
+  }
+  return out;
+}
+
+void Engine::set(Config& config, std::string_view name, std::string_view value) {
+  core::throw_if_error(transport::set_setting(config, name, value));
+}
 
 std::vector<RouteInfo> Engine::routes(const Config& given, Reach reach) {
   Config config = detail::apply_environment(given);

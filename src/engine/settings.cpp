@@ -1,4 +1,5 @@
-// An engine's settings as it takes them: FERRY_TRANSPORTS applied, every value checked, and
+// An engine's settings as it takes them: FERRY_<TRANSPORT>_<NAME> and FERRY_TRANSPORTS applied,
+// every value checked (the transports' against their declarations, transport/settings.hpp), and
 // warnings for the settings that work but deserve a second look.
 #include <algorithm>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <string_view>
 
 #include "core/log.hpp"
+#include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
 #include "transport/registry.hpp"
 
@@ -41,6 +43,7 @@ void validate(const Config& c) {
     bad("max_peers, max_handshakes and max_handshakes_per_source must be >= 1");
   }
   if (c.transports.empty()) bad("transports is empty");
+  if (Status s = transport::check_settings(c); !s.ok()) bad(s.message());
 }
 
 void warn_about(const Config& c) {
@@ -71,14 +74,16 @@ void warn_about(const Config& c) {
 }
 
 Config apply_environment(const Config& config) {
+  Config out = config;
+  if (config.settings_from_environment)
+    core::throw_if_error(transport::apply_setting_environment(out));
   const char* value = std::getenv(Engine::kTransportsVariable);
-  if (value == nullptr || !config.transports_from_environment) return config;
+  if (value == nullptr || !config.transports_from_environment) return out;
   auto bad = [&](const std::string& what) {
     throw Error(ErrorCode::kInvalidArgument, std::string(Engine::kTransportsVariable) + "=\"" +
                                                  value + "\": " + what +
                                                  " (known: " + known_transport_names() + ")");
   };
-  Config out = config;
   out.transports.clear();
   std::string_view rest = value;
   while (true) {

@@ -11,6 +11,7 @@
 #include "ferry/config.hpp"
 #include "ferry/types.hpp"
 #include "transport/contract.hpp"
+#include "transport/settings.hpp"
 
 namespace ferry::transport {
 
@@ -27,6 +28,8 @@ struct TransportEntry {
   TransportInfo (*describe)();
   // The most memory one channel to a peer can hold whatever the peer sends (engine "Limits").
   std::size_t (*worst_case_channel_bytes)(const Config& config);
+  // Its settings (transport/settings.hpp), declared in its folder.
+  std::span<const Setting> settings{};
 };
 
 // In transports.def order.

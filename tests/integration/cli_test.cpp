@@ -186,7 +186,8 @@ TEST(Cli, Info) {
             "\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
             "\"host\",\"remote\":\"host\",\"transport\":\""),
         std::string("\"other host\":[{\"operations\":\"write/read\""),
-        std::string("}]},\"interfaces\":[{\"name\":\""),
+        std::string("}]},\"settings\":[{\"name\":\"tcp.streams\","),
+        std::string("}],\"interfaces\":[{\"name\":\""),
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
     EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
   }
@@ -258,6 +259,38 @@ TEST(Cli, FerryLogAndFerryLogFileSendEachProcesssLinesToTheFile) {
         << out;
     EXPECT_EQ(out.find(" info engine: "), std::string::npos) << out;
   }
+}
+
+TEST(Cli, TransportSettingsAreListedAndSetByName) {
+  std::string info;
+  {
+    ScopedEnv env("FERRY_TCP_STREAMS", "5");
+    ASSERT_EQ(run("info", info), 0) << info;
+  }
+  EXPECT_TRUE(std::regex_search(
+      info, std::regex("\n  tcp\\.streams = 5 +count 1\\.\\.64 +sockets per peer[^\n]*\\(default 2\\)\n")))
+      << info;
+  EXPECT_TRUE(std::regex_search(info, std::regex("\n  shm\\.stream_poll = 20us +duration 0\\.\\.1s ")))
+      << info;
+  std::string json;
+  ASSERT_EQ(run("info --json", json), 0) << json;
+  EXPECT_NE(json.find("{\"name\":\"tcp.eager_bytes\",\"type\":\"bytes\",\"value\":\"1M\","
+                      "\"default\":\"1M\",\"range\":\"0..4G\",\"environment\":"
+                      "\"FERRY_TCP_EAGER_BYTES\","),
+            std::string::npos)
+      << json;
+  // --set reaches both ends: with cross-memory attach off, messages leave shm for TCP.
+  std::string out;
+  ASSERT_EQ(run("bench --op send --sizes 4K --iters 2 --set shm.cross_memory=0", out), 0) << out;
+  EXPECT_NE(out.find("cross-memory attach is off here: Config::shm.cross_memory is false"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("tcp       send "), std::string::npos) << out;
+  std::string refused;
+  EXPECT_EQ(run("bench --set tcp.streams=0", refused), 2) << refused;
+  EXPECT_NE(refused.find("ferry bench: --set: tcp.streams must be 1..64 (is 0)"),
+            std::string::npos)
+      << refused;
 }
 
 // A listening socket nobody should connect to.

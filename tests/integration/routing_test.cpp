@@ -197,10 +197,10 @@ TEST_F(Routing, AMultiRailChannelGivesEachLaneTheKeyOfItsRail) {
 TEST_F(Routing, KeysOfSixtyFourBytesReachTheTransportWhole) {
   // A transport whose keys are 64 bytes (a CUDA IPC handle's size): every byte of each reaches
   // the target, which checks them all.
-  loopback::faults().key_bytes = 64;
   loopback::faults().rails = 2;
-  Pair p(with_transports({loopback::kKind, TransportKind::kTcp}),
-         with_transports({loopback::kKind, TransportKind::kTcp}));
+  Config c = with_transports({loopback::kKind, TransportKind::kTcp});
+  Engine::set(c, "loopback.key_bytes", "64");  // a setting its transport keeps by name
+  Pair p(c, c);
   ASSERT_EQ(p.peer.transport(), loopback::kKind);
   constexpr std::size_t kSize = 3 << 20;
   Buffer src(p.initiator, kSize, Access::kLocal, 31);
@@ -260,8 +260,9 @@ TEST_F(Routing, KeysOfSixtyFourBytesReachTheTransportWhole) {
 TEST_F(Routing, AShortKeyBeforeALongOneInOneBatchKeepsItsOwn) {
   // The first entry's key fits the entry (8 bytes, here a truncated 64-byte one); the second's
   // does not, so the op moves every key to its store: each entry must keep its own.
-  loopback::faults().key_bytes = 64;
-  Pair p(with_transports({loopback::kKind}), with_transports({loopback::kKind}));
+  Config c = with_transports({loopback::kKind});
+  Engine::set(c, "loopback.key_bytes", "64");
+  Pair p(c, c);
   constexpr std::size_t kSize = 8192;
   Buffer src(p.initiator, kSize, Access::kLocal, 41);
   Buffer dst(p.target, kSize, Access::kRemoteReadWrite, 42);
@@ -374,7 +375,7 @@ TEST(EngineRoutes, SameHostSettingsOutOfRangeAreRefused) {
       ADD_FAILURE() << "stream_poll " << bad.count() << " ns was taken";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      EXPECT_TRUE(contains(e.what(), "shm.stream_poll must be 0 to 1 s")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "config: shm.stream_poll must be 0..1s (is ")) << e.what();
     }
   }
   Config off = c;

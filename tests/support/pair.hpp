@@ -34,8 +34,10 @@ inline Config test_config() {
   c.connect_timeout = kWait;
   c.busy_poll = 0us;  // sanitizer runs share 2 cores; spinning only slows them down
   c.wait_spin = 0us;
-  // A FERRY_TRANSPORTS set in the shell running the tests changes none of them.
+  // A FERRY_TRANSPORTS or FERRY_TCP_STREAMS set in the shell running the tests changes none of
+  // them.
   c.transports_from_environment = false;
+  c.settings_from_environment = false;
   // The network transports, which most tests were written for: engines of one test process
   // would otherwise meet over the same-host transport, which its own cases cover (the
   // conformance suite, multiprocess_test.cpp) and which a test names where it wants it.

@@ -88,6 +88,7 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   if (o.eager_bytes) c.tcp.eager_bytes = *o.eager_bytes;
   if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
   if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
+  for (const auto& [name, value] : o.settings) Engine::set(c, name, value);
   // The target's buffer holds only benchmark data, and its peer is this benchmark: large
   // send() messages land there zero-copy over verbs.
   c.verbs.zero_copy_receives = true;

@@ -71,7 +71,17 @@ void print_json(const std::vector<TransportInfo>& transports,
     out += std::string(reach == kShownReach[0] ? "" : ",") + json_string(to_string(reach)) + ":" +
            routes_json(Engine::routes(Config{}, reach));
   }
-  out += "},\"interfaces\":[";
+  out += "},\"settings\":[";
+  std::vector<SettingInfo> settings = Engine::settings();
+  for (std::size_t i = 0; i < settings.size(); ++i) {
+    const SettingInfo& s = settings[i];
+    out += std::string(i ? "," : "") + "{\"name\":" + json_string(s.name) +
+           ",\"type\":" + json_string(s.type) + ",\"value\":" + json_string(s.value) +
+           ",\"default\":" + json_string(s.default_value) + ",\"range\":" + json_string(s.range) +
+           ",\"environment\":" + json_string(s.environment) + ",\"help\":" + json_string(s.help) +
+           "}";
+  }
+  out += "],\"interfaces\":[";
   for (std::size_t i = 0; i < interfaces.size(); ++i) {
     const auto& a = interfaces[i];
     out += std::string(i ? "," : "") + "{\"name\":" + json_string(a.name) +
@@ -90,6 +100,23 @@ std::size_t widest(const std::vector<T>& items, F field) {
   std::size_t w = 0;
   for (const auto& item : items) w = std::max(w, field(item).size());
   return w;
+}
+
+// Each transport setting: its value (the environment applied), range, default and help.
+void print_settings() {
+  std::vector<SettingInfo> settings = Engine::settings();
+  std::cout << "\ntransport settings (set with FERRY_<TRANSPORT>_<NAME>, Engine::set, Python's "
+               "settings=, ferry bench --set NAME=VALUE):\n";
+  auto assignment = [](const SettingInfo& s) { return s.name + " = " + s.value; };
+  auto range = [](const SettingInfo& s) {
+    return s.range.empty() ? s.type : s.type + " " + s.range;
+  };
+  std::size_t assignment_w = widest(settings, assignment), range_w = widest(settings, range);
+  for (const SettingInfo& s : settings) {
+    std::string was = s.value == s.default_value ? "" : " (default " + s.default_value + ")";
+    std::cout << "  " << pad(assignment(s), assignment_w) << pad(range(s), range_w) << s.help << was
+              << "\n";
+  }
 }
 
 void print_text(const std::vector<TransportInfo>& transports,
@@ -118,6 +145,7 @@ void print_text(const std::vector<TransportInfo>& transports,
               << ":\n";
     print_routes(std::cout, Engine::routes(Config{}, reach), "    ");
   }
+  print_settings();
   std::cout << "\nnetwork interfaces (tcp):\n";
   std::size_t if_w = widest(interfaces, [](const InterfaceAddress& a) { return a.name; });
   std::size_t addr_w = widest(interfaces, [](const InterfaceAddress& a) { return a.address; });

@@ -276,6 +276,26 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "long for its next piece before sleeping")
       ->type_name("US")
       ->default_str(microseconds(engine.shm.stream_poll));
+  b.add_option_function<std::vector<std::string>>(
+       "--set",
+       [&o](const std::vector<std::string>& items) {
+         for (const std::string& item : items) {
+           std::size_t eq = item.find('=');
+           if (eq == std::string::npos) bad("--set", in_quotes(item) + ": expected NAME=VALUE");
+           std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+           Config scratch;
+           try {
+             Engine::set(scratch, name, value);  // checked here, against its declaration
+           } catch (const Error& e) {
+             bad("--set", e.status().message());
+           }
+           o.settings.emplace_back(std::move(name), std::move(value));
+         }
+       },
+       "A transport setting, NAME=VALUE (tcp.streams=4, shm.stream_poll=50us); repeatable. "
+       "`ferry info` lists them, their ranges and environment variables")
+      ->type_name("NAME=VALUE")
+      ->allow_extra_args(false);
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")
       ->type_name("N")
       ->default_str(std::to_string(o.threads));

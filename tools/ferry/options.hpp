@@ -43,9 +43,11 @@ struct BenchOptions {
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
   std::optional<uint64_t> eager_bytes;
-  std::optional<uint64_t> ring_copies;      // ShmConfig::ring_copies_up_to
-  std::optional<bool> measure_paths;  // ShmConfig::measure_paths
-  std::optional<int> stream_poll_us;        // ShmConfig::stream_poll
+  std::optional<uint64_t> ring_copies;  // ShmConfig::ring_copies_up_to
+  std::optional<bool> measure_paths;    // ShmConfig::measure_paths
+  std::optional<int> stream_poll_us;    // ShmConfig::stream_poll
+  // --set NAME=VALUE: any transport setting (Engine::settings), in order, after the flags above.
+  std::vector<std::pair<std::string, std::string>> settings;
   int threads = 1;
   std::optional<int> busy_poll_us;
   std::optional<int> wait_spin_us;

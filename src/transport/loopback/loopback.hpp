@@ -41,10 +41,6 @@ struct Faults {
   // opening a region with its own key as a NIC per rail would (1 to kMaxRails). A channel
   // stripes over the rails both ends have, lane l on rail l % rails.
   std::atomic<int> rails{1};
-  // Not a fault: how long the keys each loopback transport opened from now on registers are
-  // (8 to kMaxKeyBytes), for the engine's path of keys longer than 8 bytes (a CUDA IPC handle is
-  // 64). Every byte is checked at the target.
-  std::atomic<int> key_bytes{8};
   // Not a fault either: what every loopback channel answers to Channel::bounce_writes.
   std::atomic<uint64_t> bounce_from{0};
   std::atomic<uint64_t> bounce_up_to{0};
@@ -58,7 +54,6 @@ struct Faults {
     refuse_connect = false;
     slices = 0;
     rails = 1;
-    key_bytes = 8;
     bounce_from = 0;
     bounce_up_to = 0;
     bounce_slice = 0;

@@ -10,11 +10,8 @@
 namespace ferry::transport {
 namespace {
 
+// Checked by the engine against its settings' ranges before it opens the transport.
 std::unique_ptr<Transport> open(const Config& config, std::string& why) {
-  if (config.verbs.qps < 1 || config.verbs.qps > static_cast<int>(verbs::VerbsAddress::kMaxQps)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "config: verbs.qps must be 1.." + std::to_string(verbs::VerbsAddress::kMaxQps));
-  }
   verbs::VerbsOptions options{config.verbs.device, config.verbs.gid_index, config.verbs.qps,
                               config.busy_poll, config.verbs.zero_copy_receives};
   auto device = verbs::VerbsDevice::open(options, why);
@@ -24,6 +21,25 @@ std::unique_ptr<Transport> open(const Config& config, std::string& why) {
   }
   return device;
 }
+
+// The largest GID table index a port has (ibv_query_gid takes an int; tables hold up to 256).
+constexpr int64_t kMaxGidIndex = 255;
+
+const Setting kSettings[] = {
+    bound<&Config::verbs, &VerbsConfig::device>(
+        {"device", SettingType::kText,
+         "device name (empty: the first with an active port; an unknown name is an error)"}),
+    bound<&Config::verbs, &VerbsConfig::gid_index>({"gid_index", SettingType::kCount,
+                                                    "GID index (-1: the routable RoCE v2 GID)", -1,
+                                                    kMaxGidIndex}),
+    bound<&Config::verbs, &VerbsConfig::qps>({"qps", SettingType::kCount, "RC queue pairs per peer",
+                                              1,
+                                              static_cast<int64_t>(verbs::VerbsAddress::kMaxQps)}),
+    bound<&Config::verbs, &VerbsConfig::zero_copy_receives>(
+        {"zero_copy_receives", SettingType::kBool,
+         "large messages written by the sender straight into a posted receive that grants "
+         "remote write (the sender learns that region's key)"}),
+};
 
 TransportInfo describe() {
   TransportInfo info{TransportKind::kVerbs, false, {}, {}};
@@ -61,7 +77,8 @@ const TransportEntry& verbs_entry() {
       memory_bit(MemoryKind::kHost),
       open,
       describe,
-      worst_case_channel_bytes};
+      worst_case_channel_bytes,
+      kSettings};
   return entry;
 }
 
