@@ -596,8 +596,12 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   pass("--stream-poll-us", o.stream_poll_us);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);
-  for (const auto& [name, value] : o.settings)
-    args.insert(args.end(), {"--set", name + "=" + value});
+  for (const auto& [name, value] : o.settings) {
+    std::string assignment = name;
+    assignment += '=';
+    assignment += value;
+    args.insert(args.end(), {"--set", std::move(assignment)});
+  }
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
