@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -584,6 +585,8 @@ TEST(Hostile, AcceptOutOfDescriptorsBacksOffInsteadOfSpinning) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    // Should the test die out of descriptors, the child goes too instead of holding ctest's pipe.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     char c;
     if (::read(go[0], &c, 1) == 1) connect_silently(server.port(), 4);
     ::pause();  // killed by the parent
