@@ -77,4 +77,18 @@ struct TransportInfo {
   std::vector<std::string> devices{};  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
 };
 
+// How a peer's writes or messages of one size class went lately, where its channel copies
+// them either through its own buffers or on its zero-copy path, whichever moved them faster
+// (same host: the shared-memory rings or process_vm_readv, ShmConfig::measure_paths). A
+// channel reports its own (Peer::stats()).
+struct PathStats {
+  std::string transfers;    // "write" or "send"
+  uint64_t from_bytes = 0;  // the class: from_bytes up to twice that (the last class: and more)
+  uint64_t bounced = 0;     // finished through the channel's buffers (the rings)
+  uint64_t direct = 0;      // finished on its zero-copy path (pulled)
+  // What each way moved lately, in MB/s; 0 until measured.
+  double bounced_mb_per_s = 0;
+  double direct_mb_per_s = 0;
+};
+
 }  // namespace ferry

@@ -384,6 +384,7 @@ Status EngineImpl::make_channels(const std::shared_ptr<PeerImpl>& peer,
 }
 
 void EngineImpl::plan_routes(PeerImpl& peer) const {
+  peer.settle();
   std::vector<TransportKind> kinds;
   for (const auto& c : peer.channels.all()) kinds.push_back(c->kind());
   peer.routes = engine::plan_routes(

@@ -100,19 +100,7 @@ PeerStats Peer::stats() const {
                           c->messages.received.load(), c->messages.zero_copy.load(),
                           c->messages.compact.load()});
   }
-  auto add_paths = [&](const char* transfers, const transport::PathChooser& chooser) {
-    for (int k = 0; k < transport::PathChooser::kClasses; ++k) {
-      transport::PathChooser::ClassState c = chooser.state(k);
-      if (c.bounced + c.direct == 0) continue;
-      auto mb_per_s = [](double ns_per_mib) {
-        return ns_per_mib > 0 ? static_cast<double>(1 << 20) * 1e3 / ns_per_mib : 0.0;
-      };
-      s.paths.push_back({transfers, transport::PathChooser::class_floor(k), c.bounced, c.direct,
-                         mb_per_s(c.bounce_ns_per_mib), mb_per_s(c.direct_ns_per_mib)});
-    }
-  };
-  add_paths("write", impl_->link->pool->write_paths());
-  add_paths("send", impl_->link->pool->message_paths());
+  for (const auto& c : impl_->channels.all()) c->report_paths(s.paths);
   transport::Matcher::Usage unexpected = impl_->link->matcher.usage();
   s.unexpected_messages = unexpected.messages;
   s.unexpected_bytes = unexpected.bytes;

@@ -19,6 +19,17 @@ const char* op_name(OpKind kind, bool imm) {
   return to_string(transport::operation_kind(kind, imm));
 }
 
+// The slices of a batch's transfers, or of an op's entries, cut at `slice_bytes`.
+template <typename WithLength>
+uint64_t count_slices(std::span<const WithLength> items, uint64_t slice_bytes) {
+  uint64_t slices = 0;
+  for (const WithLength& x : items) {
+    slices += x.length <= slice_bytes ? (x.length > 0 ? 1 : 0)
+                                      : transport::slice_count(x.length, slice_bytes);
+  }
+  return slices;
+}
+
 engine::OpClass one_sided_class(const OpState& op) {
   return op.with_imm ? engine::OpClass::kWriteImm : engine::OpClass::kOneSided;
 }
@@ -127,12 +138,17 @@ constexpr auto kRerouteLogPeriod = std::chrono::seconds(10);
 
 }  // namespace
 
-PeerImpl::Via PeerImpl::via(uint8_t channel) const {
-  const transport::Channel& c = channels.at(channel);
-  const transport::TransportEntry* entry = transport::find_transport(c.kind());
-  return {c.kind(), static_cast<uint8_t>(std::clamp(c.rails(), 1, transport::kMaxRails)),
-          entry != nullptr ? entry->memory : transport::MemoryKinds{}, c.max_slice_bytes(),
-          c.bounce_writes()};
+void PeerImpl::settle() {
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    const transport::Channel& c = channels.at(i);
+    const transport::TransportEntry* entry = transport::find_transport(c.kind());
+    vias_[i] = {c.kind(),
+                static_cast<uint8_t>(std::clamp(c.rails(), 1, transport::kMaxRails)),
+                entry != nullptr ? entry->memory : transport::MemoryKinds{},
+                c.max_slice_bytes(),
+                c.shapes_writes(),
+                c.lanes()};
+  }
 }
 
 bool PeerImpl::keys_for(const Descriptor& d, const Via& via, std::span<const uint8_t>* keys) {
@@ -220,7 +236,7 @@ bool PeerImpl::reroute(OpState* op, std::span<const Transfer> batch, std::size_t
   auto at = std::find(order.begin(), order.end(), op->channel);
   std::span<const uint8_t> keys[transport::kMaxRails];
   for (auto next = at == order.end() ? order.end() : at + 1; next != order.end(); ++next) {
-    Via to = via(*next);
+    const Via& to = via(*next);
     bool all = std::all_of(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(entry) + 1,
                            [&](const Transfer& t) { return keys_for(*t.remote, to, keys); });
     if (!all) continue;
@@ -279,7 +295,7 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       std::string kinds;
       bool moved = false;
       for (uint8_t c : order) {
-        Via v = via(c);
+        const Via& v = via(c);
         kinds += (kinds.empty() ? "" : " or ") + std::string(to_string(v.kind));
         for (uint8_t rail = 0; rail < v.rails; ++rail) {
           if (!remote->find_key(v.kind, rail).empty()) continue;
@@ -312,8 +328,7 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 }
 
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
-                                            uint64_t& slices, uint64_t& total,
-                                            MeasuredBounce& measured) {
+                                            uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
   // Routed by the first entry's remote memory; an entry of another kind that the channel
   // cannot move is refused, or moves the batch (reroute), as a missing key does.
@@ -329,7 +344,7 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
                                           " memory (Peer::routes says why)"});
   }
   op->channel = order[0];
-  Via via = this->via(op->channel);
+  Via via = this->via(op->channel);  // a copy the loop keeps in registers
   op->rails = via.rails;
   slices = 0;
   total = 0;
@@ -350,50 +365,26 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   }
   // Cut for the channel the batch goes on (a reroute may have changed it).
   if (via.max_slice != 0 && via.max_slice < op->slice_bytes) op->slice_bytes = via.max_slice;
-  const transport::Channel::BounceWrites& bounce = via.bounce_writes;
-  measured = {};
-  if (op->kind == OpKind::kWrite && bounce.covers(total) && bounce.slice < op->slice_bytes) {
-    if (bounce.measured) {
-      measured = {bounce.slice, count_slices(batch, bounce.slice)};
-    } else {
-      op->slice_bytes = bounce.slice;
-    }
-  }
   slices = count_slices(batch, op->slice_bytes);
   return std::nullopt;
 }
 
-uint64_t PeerImpl::count_slices(std::span<const Transfer> batch, uint64_t slice_bytes) {
-  uint64_t slices = 0;
-  for (const Transfer& t : batch) {
-    slices += t.length <= slice_bytes ? (t.length > 0 ? 1 : 0)
-                                      : transport::slice_count(t.length, slice_bytes);
-  }
-  return slices;
-}
-
-void PeerImpl::choose_path(OpState* op, const MeasuredBounce& measured, uint64_t total,
-                           uint64_t& slices) {
-  if (measured.slice == 0) return;
-  bool bounced = op->pool->write_paths().bounce(total);
-  op->route = bounced ? OpState::kBounced : OpState::kDirect;
-  op->routed_ns = transport::PathChooser::now_ns();
-  if (bounced) {
-    op->slice_bytes = measured.slice;
-    slices = measured.slices;
-  }
+void PeerImpl::shape(OpState* op, uint64_t total, uint64_t& slices) const {
+  if (op->kind != OpKind::kWrite || !via(op->channel).shapes_writes) return;
+  uint64_t cut = op->slice_bytes;
+  channels.at(op->channel).shape_write(*op, total);
+  if (op->slice_bytes != cut)
+    slices = count_slices<transport::OpEntry>(op->entries, op->slice_bytes);
 }
 
 Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool with_imm,
                            uint32_t imm) {
   OpState* op = start_one_sided(kind, with_imm, imm);
   uint64_t slices = 0, total = 0;
-  MeasuredBounce measured;
-  if (std::optional<Future> refused = admit_batch(op, batch, slices, total, measured))
-      [[unlikely]] {
+  if (std::optional<Future> refused = admit_batch(op, batch, slices, total)) [[unlikely]] {
     return std::move(*refused);
   }
-  choose_path(op, measured, total, slices);
+  shape(op, total, slices);
   return plan_and_post(op, slices, total);
 }
 
@@ -402,7 +393,7 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
   // Checked by the op a write() or read() would post, which then completes unposted.
   OpState* op = start_one_sided(kind, with_imm, imm);
   auto p = std::make_shared<PreparedImpl>();
-  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total, p->measured)) {
+  if (std::optional<Future> refused = admit_batch(op, batch, p->slices, p->total)) {
     throw Error(refused->status());
   }
   p->peer = shared_from_this();
@@ -449,14 +440,14 @@ Future PeerImpl::post_prepared(const PreparedImpl& p) {
   op->rails = p.rails;
   op->keys = p.keys;  // capacity kept: no allocation once warm
   uint64_t slices = p.slices;
-  choose_path(op, p.measured, p.total, slices);  // each post anew
+  shape(op, p.total, slices);  // each post anew
   return plan_and_post(op, slices, p.total);
 }
 
 Future PeerImpl::plan_and_post(OpState* op, uint64_t slices, uint64_t total) {
   if (slices == 0) return finish_now(op, {});
   // Striping: small operations stay on one stream (chosen in turn), large ones use them all.
-  int lanes = channels.at(op->channel).lanes();
+  int lanes = via(op->channel).lanes;
   if (total > engine->config.stripe_threshold && lanes > 1) {
     op->lane_count = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(lanes), slices));
     op->reserve_lanes(op->lane_count);

@@ -28,13 +28,6 @@ constexpr std::size_t kControlBytes = 1024;
 // One queued write_with_imm notification: the event and its share of the queue's blocks.
 constexpr std::size_t kQueuedImmBytes = 64;
 
-// A write in its channel's bounce window whose way the peer's PathChooser picks as it is
-// posted: the slice and the slice count it takes if it bounces (slice 0: not such a write).
-struct MeasuredBounce {
-  uint64_t slice = 0;
-  uint64_t slices = 0;
-};
-
 // What a Prepared handle holds: a checked one-sided batch and the local ranges each post leases.
 struct PreparedImpl {
   struct Local {
@@ -54,7 +47,6 @@ struct PreparedImpl {
   std::vector<Local> locals;
   uint64_t slices = 0;
   uint64_t total = 0;
-  MeasuredBounce measured;  // chosen at each post
 };
 
 class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
@@ -87,6 +79,9 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   TransportKind transport() const;
   PeerMetrics metrics() const;
 
+  // Reads what each channel carries and how it is cut, once its side connections are attached
+  // and before the peer is published: nothing of it is asked of the channels per operation.
+  void settle();
   // Control connection (liveness); called by the engine's housekeeping.
   void start_control();
   void housekeeping(Clock::time_point now);
@@ -137,15 +132,17 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
     kNoKey,
     kLocal
   };
-  // A channel as admission needs it: its transport, its rails and the memory it moves.
+  // A channel as admission and planning need it: its transport, its rails, the memory it moves
+  // and how its operations are cut; read once, when the peer's channels are set (settle()).
   struct Via {
     TransportKind kind{};
     uint8_t rails = 1;
     transport::MemoryKinds memory{};
     uint64_t max_slice = 0;  // Channel::max_slice_bytes
-    transport::Channel::BounceWrites bounce_writes;
+    bool shapes_writes = false;
+    int lanes = 1;
   };
-  Via via(uint8_t channel) const;
+  const Via& via(uint8_t channel) const { return vias_[channel]; }
   // The keys of every rail of `via` (keys[0 .. rails - 1], views into `d`); false when the
   // descriptor lacks one, or its memory is of a kind the channel cannot move.
   static bool keys_for(const Descriptor& d, const Via& via, std::span<const uint8_t>* keys);
@@ -170,17 +167,16 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future post(transport::OpState* op);
   transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
   // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
-  // op completed with it. A write whose way is measured is cut for the zero-copy path, and
-  // `measured` says how it is cut if it bounces (choose_path).
+  // op completed with it.
   std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
-                                    uint64_t& slices, uint64_t& total, MeasuredBounce& measured);
-  static uint64_t count_slices(std::span<const Transfer> batch, uint64_t slice_bytes);
-  // Asks the peer's PathChooser which way an admitted write goes and cuts it so.
-  static void choose_path(transport::OpState* op, const MeasuredBounce& measured, uint64_t total,
-                          uint64_t& slices);
+                                    uint64_t& slices, uint64_t& total);
+  // Lets the channel of an admitted write cut it finer (Channel::shape_write), at each post;
+  // `slices` follows.
+  void shape(transport::OpState* op, uint64_t total, uint64_t& slices) const;
   // Plans the lanes of an admitted op and posts it.
   Future plan_and_post(transport::OpState* op, uint64_t slices, uint64_t total);
 
+  std::array<Via, ChannelSet::kMax> vias_{};  // per channel, from settle()
   std::shared_ptr<Control> control_;
   // Why the peer closed, first cause only: what its operations fail with, whichever channel
   // ends last. Set with `lost`, under close_mu_.

@@ -109,6 +109,8 @@ constexpr std::size_t kMaxAddressBytes = 1024;
 // (Transport::make_channel), the two exchange local_address() and connect() to each other's;
 // then the dialing side opens side_connections() more TCP connections to the listener's port,
 // which the engine hands to attach_side() on both ends. The address is opaque to the engine.
+// Its attributes (unusable, lacks, max_slice_bytes, shapes_writes, lanes, rails) are read once,
+// when its side connections are attached, and kept with it: they must not change after that.
 class Channel {
  public:
   virtual ~Channel() = default;
@@ -140,20 +142,20 @@ class Channel {
   // The largest slice the channel takes (0: any size): the engine cuts transfers for it no
   // larger than this, whatever Config::slice_bytes says.
   virtual uint64_t max_slice_bytes() const { return 0; }
-  // Writes of `from` to `up_to` bytes in all that the engine cuts into slices of `slice` bytes,
-  // for the channel to copy through its own buffers: where that beats its zero-copy path,
-  // which the others still take. {0, 0, 0}: none.
-  struct BounceWrites {
-    uint64_t from = 0;
-    uint64_t up_to = 0;
-    uint64_t slice = 0;
-    // Whether the peer's PathChooser picks, per write, between bouncing and the zero-copy
-    // path by the rate each moved lately (else every write in the window bounces).
-    bool measured = false;
-    // Whether `total` bytes fall in the window.
-    bool covers(uint64_t total) const { return slice != 0 && total >= from && total <= up_to; }
-  };
-  virtual BounceWrites bounce_writes() const { return {}; }
+  // Whether the engine asks shape_write() of every write it posts on this channel.
+  virtual bool shapes_writes() const { return false; }
+  // A write of `total` bytes in all, admitted to this channel and cut in slices of
+  // op.slice_bytes, is about to be posted: the channel may cut it finer for a path of its own
+  // (shm copies mid-size writes through its rings when that moved them faster lately) by
+  // lowering op.slice_bytes, and note in its op area which way it chose. Asked at every post,
+  // of prepared writes too; the one question the engine asks a channel per operation.
+  virtual void shape_write(OpState& op, uint64_t total) {
+    (void)op;
+    (void)total;
+  }
+  // Adds what the channel measured of its own paths to Peer::stats() (shm: the rings against
+  // process_vm_readv, per size class).
+  virtual void report_paths(std::vector<PathStats>& out) const { (void)out; }
 
   // Parallel paths (sockets, queue pairs) that the engine may spread slices over.
   virtual int lanes() const = 0;

@@ -57,10 +57,6 @@ bool OpState::complete() {
     if (expected != kIdle) return false;
     stage.store(kDone);
   }
-  if (route != kUnrouted && (watchers.load() & kError) == 0) {
-    pool->paths_for(kind).finished(bytes.load(std::memory_order_relaxed), route == kBounced,
-                                   routed_ns, transport::PathChooser::now_ns());
-  }
   for (RegionSlot* slot : leases) transport::RegionTable::release(slot);
   leases.clear();
   // An error's status was written under `mu`: taking it before `done` publishes the status.
@@ -141,7 +137,6 @@ void OpState::reset_for_reuse() {
   tag = 0;
   started_ticks = 0;
   in_flight_counted = false;
-  route = kUnrouted;
   // Nobody refers to the op (it is on its way to the free stack, whose exchange publishes it).
   std::memset(transport_area_, 0, sizeof transport_area_);
   entries.clear();

@@ -20,7 +20,6 @@
 #include "ferry/error.hpp"
 #include "ferry/metrics.hpp"
 #include "transport/meter.hpp"
-#include "transport/path_chooser.hpp"
 #include "transport/region_table.hpp"
 
 namespace ferry::detail {
@@ -181,14 +180,8 @@ struct OpState {
   uint32_t imm = 0;
   uint64_t tag = 0;
   uint64_t slice_bytes = 0;
-  int64_t spin_ns = 0;         // Future::wait spins this long before sleeping
-  uint64_t started_ticks = 0;  // when the call started it (core::CycleClock); 0: unmetered
-  // A write or message the peer's PathChooser routed (kBounced, kDirect), which reports its
-  // time when it finishes: routed at `routed_ns` (steady_clock). kUnrouted for every other op,
-  // and for a write that took a third path (a same-host mapping).
-  enum Route : uint8_t { kUnrouted, kBounced, kDirect };
-  Route route = kUnrouted;
-  int64_t routed_ns = 0;
+  int64_t spin_ns = 0;             // Future::wait spins this long before sleeping
+  uint64_t started_ticks = 0;      // when the call started it (core::CycleClock); 0: unmetered
   bool in_flight_counted = false;  // count_in_flight() counted it
   std::vector<OpEntry> entries;    // capacity kept across reuses: no allocation when warm
   // Devices the op's channel stripes over (Channel::rails()).
@@ -338,17 +331,6 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   ChannelMeter& meter(uint8_t channel) { return meters_[channel]; }
   const ChannelMeter& meter(uint8_t channel) const { return meters_[channel]; }
 
-  // Which way the peer's writes, and its messages, in its channel's bounce window go
-  // (Channel::BounceWrites::measured): each learns its own rates.
-  PathChooser& write_paths() { return write_paths_; }
-  PathChooser& message_paths() { return message_paths_; }
-  const PathChooser& write_paths() const { return write_paths_; }
-  const PathChooser& message_paths() const { return message_paths_; }
-  // The one that routes ops of `kind`.
-  PathChooser& paths_for(OpKind kind) {
-    return kind == OpKind::kSend ? message_paths_ : write_paths_;
-  }
-
   // Whether an op posted and still incomplete has an entry in the local region `region_id`.
   // Safe while ops complete and are reused meanwhile (not for the data path: it takes the
   // pool's lock and visits every op).
@@ -417,8 +399,6 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   std::atomic<int> progress_users_{0};
   // Its own cache line: completing threads read it, and callers waiting write progress_users_.
   alignas(64) std::unique_ptr<ChannelMeter[]> meters_;
-  PathChooser write_paths_;
-  PathChooser message_paths_;
 };
 
 template <typename Why>

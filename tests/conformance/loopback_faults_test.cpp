@@ -5,14 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/pair.hpp"
 #include "transport/loopback/loopback.hpp"
-#include "transport/path_chooser.hpp"
 
 namespace ferry::test {
 namespace {
@@ -59,24 +57,25 @@ TEST_F(LoopbackFaults, PeersUseLoopbackAndNeedNoSideConnection) {
   EXPECT_EQ(p.target.stats().pending_handshakes, 0u);
 }
 
-// A channel that copies mid-size writes through its own buffers (shm's rings) gets them in its
-// small slices, and only them: not smaller or larger writes, not reads.
-TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
-  loopback::faults().bounce_from = 256 << 10;
-  loopback::faults().bounce_up_to = 1 << 20;
-  loopback::faults().bounce_slice = 16 << 10;
+// A channel that cuts writes finer for a path of its own (shm's rings) is asked at each post,
+// of every write and prepared write, never of a read, and gets them in its slices.
+TEST_F(LoopbackFaults, AChannelThatShapesWritesIsAskedAtEachPostAndGetsItsSlices) {
+  loopback::faults().shape_from = 256 << 10;
+  loopback::faults().shape_slice = 16 << 10;
   Pair p(loopback_config(), loopback_config());  // slice_bytes 64 KiB
   Buffer src(p.initiator, 2 << 20, Access::kLocal, 5);
   Buffer dst(p.target, 2 << 20, Access::kRemoteReadWrite, 6);
   Descriptor d = dst.region.descriptor();
+  Transfer whole{&src.region, 0, &d, 0, 1 << 20};
+  Prepared prepared = p.peer.prepare_write({&whole, 1});
   uint32_t seed = 10;
-  auto slices_of = [&](uint64_t size, bool read, bool with_imm = false, bool prepared = false) {
+  auto slices_of = [&](uint64_t size, bool read, bool with_imm = false, bool post = false) {
     fill_pattern(read ? dst.bytes : src.bytes, ++seed);  // what was there before cannot pass
     uint64_t before = loopback::faults().slices.load();
     Transfer t{&src.region, 0, &d, 0, size};
     Future f = read       ? p.peer.read({&t, 1})
                : with_imm ? p.peer.write_with_imm({&t, 1}, 9)
-               : prepared ? p.peer.prepare_write({&t, 1}).post()
+               : post     ? prepared.post()
                           : p.peer.write({&t, 1});
     EXPECT_TRUE(f.wait(kWait).ok());
     EXPECT_EQ(0, std::memcmp(src.bytes.data(), dst.bytes.data(), size)) << size;
@@ -85,57 +84,18 @@ TEST_F(LoopbackFaults, WritesInTheChannelsBounceWindowComeInItsSlices) {
     }
     return loopback::faults().slices.load() - before;
   };
-  EXPECT_EQ(slices_of((256 << 10) - 1, false), 4u) << "below the window: 64 KiB slices";
+  EXPECT_EQ(slices_of((256 << 10) - 1, false), 4u) << "left as it was: 64 KiB slices";
   EXPECT_EQ(slices_of(256 << 10, false), 16u);
   EXPECT_EQ(slices_of(1 << 20, false), 64u);
   EXPECT_EQ(slices_of(512 << 10, false, true), 32u) << "write_with_imm is a write";
-  EXPECT_EQ(slices_of((1 << 20) + 1, false), 17u) << "above the window: 64 KiB slices";
   EXPECT_EQ(slices_of(1 << 20, false, false, true), 64u) << "a prepared write is cut alike";
-  EXPECT_EQ(slices_of(1 << 20, true), 16u) << "reads are not bounced";
+  EXPECT_EQ(slices_of(1 << 20, true), 16u) << "reads are not shaped";
+  // A prepared write is asked again at each post: the channel's answer now differs.
+  loopback::faults().shape_slice = 32 << 10;
+  EXPECT_EQ(slices_of(1 << 20, false, false, true), 32u);
+  loopback::faults().shape_from = 2 << 20;
+  EXPECT_EQ(slices_of(1 << 20, false, false, true), 16u) << "left to the engine's 64 KiB";
 }
-
-// Where the channel lets the peer measure its two paths, writes in the window alternate in runs
-// until both are measured: the first run bounced (small slices), the next on the zero-copy path
-// (the engine's slices). Every write's bytes land either way. A prepared write is routed anew at
-// each post.
-class LoopbackMeasuredPaths : public LoopbackFaults, public ::testing::WithParamInterface<bool> {};
-
-TEST_P(LoopbackMeasuredPaths, WritesTryBothPathsInRuns) {
-  const bool prepared = GetParam();
-  loopback::faults().bounce_from = 256 << 10;
-  loopback::faults().bounce_up_to = 1 << 20;
-  loopback::faults().bounce_slice = 16 << 10;
-  loopback::faults().bounce_measured = true;
-  Pair p(loopback_config(), loopback_config());  // slice_bytes 64 KiB
-  Buffer src(p.initiator, 1 << 20, Access::kLocal, 5);
-  Buffer dst(p.target, 1 << 20, Access::kRemoteReadWrite, 6);
-  Descriptor d = dst.region.descriptor();
-  Transfer t{&src.region, 0, &d, 0, 1 << 20};
-  std::optional<Prepared> once;
-  if (prepared) once = p.peer.prepare_write({&t, 1});
-  constexpr int kRun = static_cast<int>(transport::PathChooser::kRun);
-  for (int i = 0; i < 2 * kRun; ++i) {
-    fill_pattern(src.bytes, 100 + static_cast<uint32_t>(i));
-    uint64_t before = loopback::faults().slices.load();
-    Future f = prepared ? once->post() : p.peer.write({&t, 1});
-    ASSERT_TRUE(f.wait(kWait).ok()) << i;
-    EXPECT_EQ(src.bytes, dst.bytes) << i;
-    EXPECT_EQ(loopback::faults().slices.load() - before, i < kRun ? 64u : 16u) << "write " << i;
-  }
-  PeerStats s = p.peer.stats();
-  ASSERT_EQ(s.paths.size(), 1u);
-  EXPECT_EQ(s.paths[0].transfers, "write");
-  EXPECT_EQ(s.paths[0].from_bytes, uint64_t{1} << 20);
-  EXPECT_EQ(s.paths[0].bounced, static_cast<uint64_t>(kRun));
-  EXPECT_EQ(s.paths[0].direct, static_cast<uint64_t>(kRun));
-  // Reads are not measured: the engine's slices.
-  uint64_t before = loopback::faults().slices.load();
-  ASSERT_TRUE(p.peer.read({&t, 1}).wait(kWait).ok());
-  EXPECT_EQ(loopback::faults().slices.load() - before, 16u);
-}
-
-INSTANTIATE_TEST_SUITE_P(LoopbackFaults, LoopbackMeasuredPaths, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Prepared" : "Posted"; });
 
 TEST_F(LoopbackFaults, AFailedSliceFailsItsOperationOnlyAndNamesTheEntry) {
   OneTransfer x(1 << 20, 1);

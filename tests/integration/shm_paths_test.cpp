@@ -8,13 +8,13 @@
 #include <string>
 
 #include "support/pair.hpp"
-#include "transport/path_chooser.hpp"
+#include "transport/shm/path_chooser.hpp"
 
 namespace ferry::test {
 namespace {
 
 constexpr std::size_t kSize = 1 << 20;  // in the window, a class of its own
-constexpr int kRun = static_cast<int>(transport::PathChooser::kRun);
+constexpr int kRun = static_cast<int>(transport::shm::PathChooser::kRun);
 
 Config shm_config(bool measure_paths) {
   Config c = test_config();

@@ -1,11 +1,11 @@
 // PathChooser on made-up times: which way transfers go once each way's rate is known.
-#include "transport/path_chooser.hpp"
+#include "transport/shm/path_chooser.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
-namespace ferry::transport {
+namespace ferry::transport::shm {
 namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
@@ -122,4 +122,4 @@ TEST(PathChooser, OneSlowRunMovesTheRateUpAQuarterAtMost) {
 }
 
 }  // namespace
-}  // namespace ferry::transport
+}  // namespace ferry::transport::shm

@@ -41,11 +41,11 @@ struct Faults {
   // opening a region with its own key as a NIC per rail would (1 to kMaxRails). A channel
   // stripes over the rails both ends have, lane l on rail l % rails.
   std::atomic<int> rails{1};
-  // Not a fault either: what every loopback channel answers to Channel::bounce_writes.
-  std::atomic<uint64_t> bounce_from{0};
-  std::atomic<uint64_t> bounce_up_to{0};
-  std::atomic<uint64_t> bounce_slice{0};
-  std::atomic<bool> bounce_measured{false};
+  // Not a fault either: channels connected while it is set ask to shape each write
+  // (Channel::shapes_writes), and cut writes of at least shape_from bytes into slices of
+  // shape_slice bytes, as shm cuts those it copies through its rings; read at each post.
+  std::atomic<uint64_t> shape_from{0};
+  std::atomic<uint64_t> shape_slice{0};
   void reset() {
     fail_every_slice = 0;
     break_at_slice = 0;
@@ -54,10 +54,8 @@ struct Faults {
     refuse_connect = false;
     slices = 0;
     rails = 1;
-    bounce_from = 0;
-    bounce_up_to = 0;
-    bounce_slice = 0;
-    bounce_measured = false;
+    shape_from = 0;
+    shape_slice = 0;
   }
 };
 Faults& faults();
@@ -76,9 +74,12 @@ class LoopbackChannel final : public Channel, public std::enable_shared_from_thi
   Status connect(std::span<const uint8_t> remote) override;
   int lanes() const override { return kLanesPerRail * rails_; }
   int rails() const override { return rails_; }
-  BounceWrites bounce_writes() const override {
-    return {faults().bounce_from.load(), faults().bounce_up_to.load(), faults().bounce_slice.load(),
-            faults().bounce_measured.load()};
+  bool shapes_writes() const override { return faults().shape_slice.load() != 0; }
+  void shape_write(OpState& op, uint64_t total) override {
+    uint64_t slice = faults().shape_slice.load();
+    if (slice != 0 && total >= faults().shape_from.load() && slice < op.slice_bytes) {
+      op.slice_bytes = slice;
+    }
   }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;

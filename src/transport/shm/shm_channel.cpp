@@ -260,8 +260,45 @@ uint64_t ShmChannel::max_slice_bytes() const {
   return no_cross_memory_.empty() ? 0 : kInlineBytes;  // every slice rides in its record
 }
 
-ShmChannel::BounceWrites ShmChannel::bounce_writes() const {
-  return {kRingCopiesFrom, ring_copies_up_to_, kInlineBytes, measure_paths_};
+void ShmChannel::shape_write(OpState& op, uint64_t total) {
+  // A write in the window rides in records, cut to their size, unless the chooser sends it to
+  // be pulled.
+  if (!in_ring_window(total) || op.slice_bytes <= kInlineBytes) return;
+  bool bounced = true;
+  if (measure_paths_) {
+    bounced = write_paths_.bounce(total);
+    ShmOpArea& area = op.transport_area<ShmOpArea>();
+    area.route = bounced ? ShmOpArea::kBounced : ShmOpArea::kDirect;
+    area.routed_ns = PathChooser::now_ns();
+  }
+  if (bounced) op.slice_bytes = kInlineBytes;
+}
+
+void ShmChannel::finish_answered(OpState* op, int64_t answered) {
+  if (!op->finish_slices(answered)) return;
+  const ShmOpArea& area = op->transport_area<ShmOpArea>();
+  if (area.route != ShmOpArea::kUnrouted && (op->watchers.load() & OpState::kError) == 0) {
+    PathChooser& paths = op->kind == OpKind::kSend ? message_paths_ : write_paths_;
+    paths.finished(op->bytes.load(std::memory_order_relaxed), area.route == ShmOpArea::kBounced,
+                   area.routed_ns, PathChooser::now_ns());
+  }
+  op->finish_posted();
+}
+
+void ShmChannel::report_paths(std::vector<PathStats>& out) const {
+  auto add = [&](const char* transfers, const PathChooser& chooser) {
+    for (int k = 0; k < PathChooser::kClasses; ++k) {
+      PathChooser::ClassState c = chooser.state(k);
+      if (c.bounced + c.direct == 0) continue;
+      auto mb_per_s = [](double ns_per_mib) {
+        return ns_per_mib > 0 ? static_cast<double>(1 << 20) * 1e3 / ns_per_mib : 0.0;
+      };
+      out.push_back({transfers, PathChooser::class_floor(k), c.bounced, c.direct,
+                     mb_per_s(c.bounce_ns_per_mib), mb_per_s(c.direct_ns_per_mib)});
+    }
+  };
+  add("write", write_paths_);
+  add("send", message_paths_);
 }
 
 Status ShmChannel::start() {
@@ -426,13 +463,13 @@ void ShmChannel::encode_request_locked(OpState* op) {
     // (measured) the way that moved messages of their size faster lately: decided at the
     // first record and kept for the rest.
     bool in_records = e.length <= kInlineBytes;
-    if (!in_records && e.length <= kMessageRingCopiesUpTo && bounce_writes().covers(e.length)) {
-      if (measure_paths_ && op->route == OpState::kUnrouted) {
-        op->route =
-            op->pool->message_paths().bounce(e.length) ? OpState::kBounced : OpState::kDirect;
-        op->routed_ns = PathChooser::now_ns();
+    if (!in_records && e.length <= kMessageRingCopiesUpTo && in_ring_window(e.length)) {
+      ShmOpArea& area = op->transport_area<ShmOpArea>();
+      if (measure_paths_ && area.route == ShmOpArea::kUnrouted) {
+        area.route = message_paths_.bounce(e.length) ? ShmOpArea::kBounced : ShmOpArea::kDirect;
+        area.routed_ns = PathChooser::now_ns();
       }
-      in_records = !measure_paths_ || op->route == OpState::kBounced;
+      in_records = !measure_paths_ || area.route == ShmOpArea::kBounced;
     }
     if (in_records) {
       // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.

@@ -54,6 +54,7 @@
 #include "transport/contract.hpp"
 #include "transport/op.hpp"
 #include "transport/shm/copy_pool.hpp"
+#include "transport/shm/path_chooser.hpp"
 #include "transport/shm/shm_ring.hpp"
 #include "transport/shm/shm_wire.hpp"
 
@@ -96,6 +97,12 @@ struct ShmOpArea {
   int64_t on_wire;
   // A send the receiver holds until it posts a receive (its credit came back early): once only.
   bool held;
+  // The way a write or message in the rings' window took, which the PathChooser that routed it
+  // (ShmConfig::measure_paths) learns when it finishes: routed at `routed_ns`
+  // (PathChooser::now_ns()). kUnrouted for every other op.
+  enum Route : uint8_t { kUnrouted, kBounced, kDirect };
+  Route route;
+  int64_t routed_ns;
 };
 inline std::atomic_ref<int64_t> on_wire(OpState& op) {
   return std::atomic_ref<int64_t>(op.transport_area<ShmOpArea>().on_wire);
@@ -125,7 +132,9 @@ class ShmChannel final : public Channel,
   Status attach_side(int index, core::Fd fd) override;
   uint32_t lacks(std::string& why) const override;
   uint64_t max_slice_bytes() const override;
-  BounceWrites bounce_writes() const override;
+  bool shapes_writes() const override { return ring_copies_up_to_ >= kRingCopiesFrom; }
+  void shape_write(OpState& op, uint64_t total) override;
+  void report_paths(std::vector<PathStats>& out) const override;
   int lanes() const override { return 1; }
   PostResult post(OpState* op) override;
   void close(const Status& reason) override;
@@ -191,6 +200,14 @@ class ShmChannel final : public Channel,
   uint32_t socket_events_locked() const;
   // An answer gave back a request's credit.
   Status take_credit_back_locked();
+  // Whether a write or message of `total` bytes is in the rings' window
+  // (kRingCopiesFrom .. ShmConfig::ring_copies_up_to).
+  bool in_ring_window(uint64_t total) const {
+    return total >= kRingCopiesFrom && total <= ring_copies_up_to_;
+  }
+  // Accounts `answered` slices of `op`; the last completes it, and tells the chooser that
+  // routed it how long it took.
+  void finish_answered(OpState* op, int64_t answered);
   // Queues an answer (the polling right's holder).
   // `held`: the final answer to a send the receiver held (its credit came back already), queued
   // apart from the answers that requests in flight bound.
@@ -273,8 +290,12 @@ class ShmChannel final : public Channel,
   // Why the two processes cannot pull from each other ("" when they can); set before the
   // channel is published.
   std::string no_cross_memory_;
-  const uint64_t ring_copies_up_to_;            // ShmConfig::ring_copies_up_to
-  const bool measure_paths_;                    // ShmConfig::measure_paths
+  const uint64_t ring_copies_up_to_;  // ShmConfig::ring_copies_up_to
+  const bool measure_paths_;          // ShmConfig::measure_paths
+  // Which way the peer's writes, and its messages, in the rings' window go (measure_paths_):
+  // each learns its own rates.
+  PathChooser write_paths_;
+  PathChooser message_paths_;
   const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
 
   std::atomic<bool> started_{false};        // in the reactor (set under latch_.lock())

@@ -582,12 +582,13 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
   if (op == nullptr) return error;
   if (h.type == Record::kSendAck && h.status == static_cast<uint16_t>(ErrorCode::kInProgress)) {
     // Held until the peer posts a receive: the credit comes back now, the op stays.
-    bool& held = op->transport_area<ShmOpArea>().held;
+    ShmOpArea& area = op->transport_area<ShmOpArea>();
+    bool& held = area.held;
     if (held || !r.payload.empty()) {
       return {ErrorCode::kProtocol, "shm: send " + std::to_string(h.op_id) + " held twice"};
     }
     held = true;
-    op->route = OpState::kUnrouted;  // its time is now the receiver's wait: not the way's
+    area.route = ShmOpArea::kUnrouted;  // its time is now the receiver's wait: not the way's
     std::lock_guard lock(send_mu_);
     if (Status s = take_credit_back_locked(); !s.ok()) return s;
     return pump_locked();
@@ -633,7 +634,7 @@ Status ShmChannel::on_answer(const View& r, std::size_t& pulled) {
   }
   int64_t answered = answered_slices(h);
   on_wire(*op).fetch_sub(answered, std::memory_order_relaxed);
-  if (op->finish_slices(answered)) op->finish_posted();
+  finish_answered(op, answered);
   std::lock_guard lock(send_mu_);
   return pump_locked();
 }

@@ -78,7 +78,8 @@ bool ShmChannel::post_mapped(OpState* op) {
       return false;  // the records path serves it, and the target checks and says why
     }
   }
-  op->route = OpState::kUnrouted;  // mapped: neither way the chooser measures
+  op->transport_area<ShmOpArea>().route =
+      ShmOpArea::kUnrouted;  // mapped: neither way the chooser measures
   uint64_t now = use_clock_.fetch_add(1, std::memory_order_relaxed);
   for (const OpEntry& e : op->entries) {
     last = find(e);

@@ -1,5 +1,5 @@
 // Which of a channel's two paths a write or a message in its bounce window
-// (Channel::BounceWrites) takes: bounced through the channel's own buffers, or its zero-copy
+// (ShmChannel::shape_write) takes: bounced through the channel's own buffers, or its zero-copy
 // path. Same-host writes of 256 KiB to 16 MiB, and messages to 2 MiB, either ride in the
 // shared-memory rings (two copies, one per side, at once) or are pulled by the target with
 // process_vm_readv (one copy, and a page walk per 4 KiB). Which is faster depends on the host:
@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <mutex>
 
-namespace ferry::transport {
+namespace ferry::transport::shm {
 
 class PathChooser {
  public:
@@ -91,4 +91,4 @@ class PathChooser {
   std::array<Class, kClasses> classes_;
 };
 
-}  // namespace ferry::transport
+}  // namespace ferry::transport::shm

@@ -1,9 +1,9 @@
-#include "transport/path_chooser.hpp"
+#include "transport/shm/path_chooser.hpp"
 
 #include <algorithm>
 #include <bit>
 
-namespace ferry::transport {
+namespace ferry::transport::shm {
 
 int PathChooser::size_class(uint64_t total) {
   int log2 = total == 0 ? 0 : std::bit_width(total) - 1;
@@ -52,4 +52,4 @@ PathChooser::ClassState PathChooser::state(int size_class) const {
   return {c.finished[0], c.finished[1], c.ns_per_byte[0] * kMiB, c.ns_per_byte[1] * kMiB};
 }
 
-}  // namespace ferry::transport
+}  // namespace ferry::transport::shm
