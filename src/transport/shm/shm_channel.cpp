@@ -452,119 +452,11 @@ void ShmChannel::encode_request_locked(OpState* op) {
   out_payload_ = {};
   bool last = true;  // the op's last record: it leaves the queue
   if (op->kind == OpKind::kSend) {
-    const OpEntry& e = op->entries[0];
-    h.type = Record::kSend;
-    h.tag = op->tag;
-    h.count = 1;
-    Entry x;
-    x.length = e.length;
-    x.address = reinterpret_cast<uint64_t>(e.local);
-    // Messages in the window writes are cut for go through the rings too, in records, or
-    // (measured) the way that moved messages of their size faster lately: decided at the
-    // first record and kept for the rest.
-    bool in_records = e.length <= kInlineBytes;
-    if (!in_records && e.length <= kMessageRingCopiesUpTo && in_ring_window(e.length)) {
-      ShmOpArea& area = op->transport_area<ShmOpArea>();
-      if (measure_paths_ && area.route == ShmOpArea::kUnrouted) {
-        area.route = message_paths_.bounce(e.length) ? ShmOpArea::kBounced : ShmOpArea::kDirect;
-        area.routed_ns = PathChooser::now_ns();
-      }
-      in_records = !measure_paths_ || area.route == ShmOpArea::kBounced;
-    }
-    if (in_records) {
-      // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
-      LaneCursor& c = op->lanes[0];
-      uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);
-      x.entry_offset = c.offset;
-      h.flags = kFlagInline;
-      h.payload = static_cast<uint32_t>(n);
-      out_payload_ = {e.local + c.offset, n};
-      c.offset += n;
-      if (c.offset < e.length) {
-        h.flags |= kFlagMore;
-        last = false;
-      }
-    }
-    put_entry(x, table);
+    last = encode_send_locked(op, h, table);
   } else if (op->lanes[0].remaining == 0) {
-    // A write_with_imm whose bytes post_mapped copied: only its notification is left.
-    h.type = Record::kImm;
-    h.imm = op->imm;
-    h.count = 1;
-    const OpEntry& e = op->entries[0];
-    Entry x;
-    x.region = e.remote_region;
-    x.key = e.remote_key;
-    put_entry(x, table);
+    encode_imm_locked(op, h, table);
   } else {
-    bool write = op->kind == OpKind::kWrite;
-    h.type = write ? Record::kWrite : Record::kRead;
-    LaneCursor& c = op->lanes[0];
-    auto slice_length = [&](const LaneCursor& at) {
-      const OpEntry& e = op->entries[at.entry];
-      return std::min<uint64_t>(e.length - at.offset, op->slice_bytes);
-    };
-    // Small slices travel inline, as many as fit; larger ones are pulled, up to
-    // kPullRecordBytes per record: a write's several, a read's consecutive ones of one entry
-    // as one range under one grant (the slice count travels in `imm`).
-    bool inline_bytes = slice_length(c) <= kInlineBytes;
-    // First which slices the record takes, then their entries and (inline) bytes in place.
-    uint64_t bytes = 0;
-    uint32_t count = 0;
-    for (LaneCursor at = c; at.remaining > 0 && count < kMaxEntries; ++count) {
-      uint64_t length = slice_length(at);
-      if (count > 0 &&
-          (inline_bytes ? bytes + length > kInlineBytes
-                        : length <= kInlineBytes || bytes + length > kPullRecordBytes ||
-                              (!write && at.entry != c.entry))) {
-        break;
-      }
-      bytes += length;
-      advance(*op, at, 1);
-      --at.remaining;
-    }
-    uint8_t* payload = table + std::size_t{count} * kEntryBytes;
-    // The slice (or range) at `at`, as a table entry.
-    auto entry_at = [&](const LaneCursor& at, uint64_t length) {
-      const OpEntry& e = op->entries[at.entry];
-      Entry x;
-      x.index = at.entry;
-      x.region = e.remote_region;
-      x.key = e.remote_key;
-      x.offset = e.remote_offset + at.offset;
-      x.entry_offset = at.offset;
-      x.length = length;
-      x.address = reinterpret_cast<uint64_t>(e.local + at.offset);
-      return x;
-    };
-    if (!write && !inline_bytes) {
-      put_entry(entry_at(c, bytes), table);
-      h.imm = count;
-      advance(*op, c, count);
-      c.remaining -= count;
-      count = 1;
-    }
-    for (uint32_t i = 0; i < count && (write || inline_bytes); ++i) {
-      const OpEntry& e = op->entries[c.entry];
-      Entry x = entry_at(c, slice_length(c));
-      put_entry(x, table + std::size_t{i} * kEntryBytes);
-      if (inline_bytes && write && count == 1) {
-        out_payload_ = {e.local + c.offset, x.length};
-      } else if (inline_bytes && write && x.length > 0) {
-        std::memcpy(payload, e.local + c.offset, x.length);
-        payload += x.length;
-      }
-      advance(*op, c, 1);
-      --c.remaining;
-    }
-    h.count = count;
-    if (inline_bytes) h.flags = kFlagInline;
-    if (inline_bytes && write) h.payload = static_cast<uint32_t>(bytes);
-    last = c.remaining == 0;
-    if (last && write && op->with_imm) {
-      h.flags |= kFlagImm;
-      h.imm = op->imm;
-    }
+    last = encode_slices_locked(op, h, table);
   }
   put_header(h, out_.data());
   // Counted from now on: the peer may answer the record as soon as it is in the ring. A
@@ -579,6 +471,128 @@ void ShmChannel::encode_request_locked(OpState* op) {
     queue_head_ = op->lane_next[0];
     if (queue_head_ == nullptr) queue_tail_ = nullptr;
   }
+}
+
+bool ShmChannel::encode_send_locked(OpState* op, Header& h, uint8_t* table) {
+  const OpEntry& e = op->entries[0];
+  h.type = Record::kSend;
+  h.tag = op->tag;
+  h.count = 1;
+  Entry x;
+  x.length = e.length;
+  x.address = reinterpret_cast<uint64_t>(e.local);
+  bool last = true;
+  // Messages in the window writes are cut for go through the rings too, in records, or
+  // (measured) the way that moved messages of their size faster lately: decided at the
+  // first record and kept for the rest.
+  bool in_records = e.length <= kInlineBytes;
+  if (!in_records && e.length <= kMessageRingCopiesUpTo && in_ring_window(e.length)) {
+    ShmOpArea& area = op->transport_area<ShmOpArea>();
+    if (measure_paths_ && area.route == ShmOpArea::kUnrouted) {
+      area.route = message_paths_.bounce(e.length) ? ShmOpArea::kBounced : ShmOpArea::kDirect;
+      area.routed_ns = PathChooser::now_ns();
+    }
+    in_records = !measure_paths_ || area.route == ShmOpArea::kBounced;
+  }
+  if (in_records) {
+    // The whole message, or its next kInlineBytes; the cursor's offset counts bytes sent.
+    LaneCursor& c = op->lanes[0];
+    uint64_t n = std::min<uint64_t>(e.length - c.offset, kInlineBytes);
+    x.entry_offset = c.offset;
+    h.flags = kFlagInline;
+    h.payload = static_cast<uint32_t>(n);
+    out_payload_ = {e.local + c.offset, n};
+    c.offset += n;
+    if (c.offset < e.length) {
+      h.flags |= kFlagMore;
+      last = false;
+    }
+  }
+  put_entry(x, table);
+  return last;
+}
+
+void ShmChannel::encode_imm_locked(OpState* op, Header& h, uint8_t* table) {
+  // A write_with_imm whose bytes post_mapped copied: only its notification is left.
+  h.type = Record::kImm;
+  h.imm = op->imm;
+  h.count = 1;
+  const OpEntry& e = op->entries[0];
+  Entry x;
+  x.region = e.remote_region;
+  x.key = e.remote_key;
+  put_entry(x, table);
+}
+
+bool ShmChannel::encode_slices_locked(OpState* op, Header& h, uint8_t* table) {
+  bool write = op->kind == OpKind::kWrite;
+  h.type = write ? Record::kWrite : Record::kRead;
+  LaneCursor& c = op->lanes[0];
+  auto slice_length = [&](const LaneCursor& at) {
+    const OpEntry& e = op->entries[at.entry];
+    return std::min<uint64_t>(e.length - at.offset, op->slice_bytes);
+  };
+  // Small slices travel inline, as many as fit; larger ones are pulled, up to
+  // kPullRecordBytes per record: a write's several, a read's consecutive ones of one entry
+  // as one range under one grant (the slice count travels in `imm`).
+  bool inline_bytes = slice_length(c) <= kInlineBytes;
+  // First which slices the record takes, then their entries and (inline) bytes in place.
+  uint64_t bytes = 0;
+  uint32_t count = 0;
+  for (LaneCursor at = c; at.remaining > 0 && count < kMaxEntries; ++count) {
+    uint64_t length = slice_length(at);
+    if (count > 0 && (inline_bytes ? bytes + length > kInlineBytes
+                                   : length <= kInlineBytes || bytes + length > kPullRecordBytes ||
+                                         (!write && at.entry != c.entry))) {
+      break;
+    }
+    bytes += length;
+    advance(*op, at, 1);
+    --at.remaining;
+  }
+  uint8_t* payload = table + std::size_t{count} * kEntryBytes;
+  // The slice (or range) at `at`, as a table entry.
+  auto entry_at = [&](const LaneCursor& at, uint64_t length) {
+    const OpEntry& e = op->entries[at.entry];
+    Entry x;
+    x.index = at.entry;
+    x.region = e.remote_region;
+    x.key = e.remote_key;
+    x.offset = e.remote_offset + at.offset;
+    x.entry_offset = at.offset;
+    x.length = length;
+    x.address = reinterpret_cast<uint64_t>(e.local + at.offset);
+    return x;
+  };
+  if (!write && !inline_bytes) {
+    put_entry(entry_at(c, bytes), table);
+    h.imm = count;
+    advance(*op, c, count);
+    c.remaining -= count;
+    count = 1;
+  }
+  for (uint32_t i = 0; i < count && (write || inline_bytes); ++i) {
+    const OpEntry& e = op->entries[c.entry];
+    Entry x = entry_at(c, slice_length(c));
+    put_entry(x, table + std::size_t{i} * kEntryBytes);
+    if (inline_bytes && write && count == 1) {
+      out_payload_ = {e.local + c.offset, x.length};
+    } else if (inline_bytes && write && x.length > 0) {
+      std::memcpy(payload, e.local + c.offset, x.length);
+      payload += x.length;
+    }
+    advance(*op, c, 1);
+    --c.remaining;
+  }
+  h.count = count;
+  if (inline_bytes) h.flags = kFlagInline;
+  if (inline_bytes && write) h.payload = static_cast<uint32_t>(bytes);
+  bool last = c.remaining == 0;
+  if (last && write && op->with_imm) {
+    h.flags |= kFlagImm;
+    h.imm = op->imm;
+  }
+  return last;
 }
 
 Status ShmChannel::respond(const Header& h, std::span<const uint8_t> table,

@@ -196,6 +196,13 @@ class ShmChannel final : public Channel,
   Status send_file_locked(uint32_t region, int file, bool& full);
   // Encodes the queue head's next request into out_ (and out_payload_).
   void encode_request_locked(OpState* op);
+  // Its record by kind, into header `h` and the entry table at `table`; true when it is the
+  // op's last record. A message (in records when it rides in the rings):
+  bool encode_send_locked(OpState* op, Header& h, uint8_t* table);
+  // The notification of a write_with_imm whose bytes a mapping took:
+  void encode_imm_locked(OpState* op, Header& h, uint8_t* table);
+  // A write's or read's next slices: inline as many as fit, or pulled ranges.
+  bool encode_slices_locked(OpState* op, Header& h, uint8_t* table);
   void arm_locked(bool out);
   uint32_t socket_events_locked() const;
   // An answer gave back a request's credit.
