@@ -92,136 +92,151 @@ Status TcpChannel::Stream::begin_frame() {
   frame_op = nullptr;
   frame_copied = 0;
   sink_grows = false;
-  uint64_t payload = payload_length(cur);
-  bool error_text = cur.status != 0 && payload > 0;
-
   group = false;
-
+  uint64_t payload = payload_length(cur);
   switch (raw(cur.type)) {
     case raw(TcpFrame::kWriteGroup):
     case raw(TcpFrame::kReadGroupReq):
       return begin_group();
-    case raw(TcpFrame::kReadGroupData): {
-      if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
-      if (cur.region_id > frame_op->pending.load(std::memory_order_relaxed)) {
-        return {ErrorCode::kProtocol, "read data for " + std::to_string(cur.region_id) +
-                                          " entries, more than were asked for"};
-      }
-      if (error_text) {
-        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
-        sink = frame_text.data();
-        sink_left = payload;
-        return {};
-      }
-      return begin_group();
-    }
-    case raw(TcpFrame::kWrite): {
-      uint8_t* addr = nullptr;
-      frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
-                                               Access::kRemoteWrite, &addr, frame_use);
-      if (frame_error.ok()) {
-        sink = addr;
-        sink_left = payload;
-      } else {
-        discard_left = payload;
-      }
+    case raw(TcpFrame::kReadGroupData):
+      return begin_read_group_data(payload);
+    case raw(TcpFrame::kWrite):
+      begin_write(payload);
       return {};
-    }
-    case raw(TcpFrame::kReadReq): {
-      uint8_t* addr = nullptr;
-      RegionUse use;
-      Status st = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
-                                             Access::kRemoteRead, &addr, use);
-      FrameHeader h;
-      h.type = TcpFrame::kReadData;
-      h.op_id = cur.op_id;
-      h.aux32 = cur.aux32;
-      h.aux64 = cur.aux64;
-      if (st.ok()) {
-        h.length = cur.length;
-        respond(h, st, addr, use.detach());
-      } else {
-        respond(h, Status(st.code(), "read: " + st.message()));
-      }
+    case raw(TcpFrame::kReadReq):
+      answer_read_request();
       return {};
-    }
-    case raw(TcpFrame::kReadData): {
-      if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
-      if (error_text) {
-        frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
-        sink = frame_text.data();
-        sink_left = payload;
-        return {};
-      }
-      if (cur.aux32 >= frame_op->entries.size()) {
-        return {ErrorCode::kProtocol, "read data for entry " + std::to_string(cur.aux32) + " of " +
-                                          std::to_string(frame_op->entries.size())};
-      }
-      const OpEntry& e = frame_op->entries[cur.aux32];
-      if (cur.aux64 > e.length || payload > e.length - cur.aux64 ||
-          payload > frame_op->slice_bytes) {
-        return {ErrorCode::kProtocol, "read data outside the requested range"};
-      }
-      sink = e.local + cur.aux64;
-      sink_left = payload;
-      return {};
-    }
+    case raw(TcpFrame::kReadData):
+      return begin_read_data(payload);
     case raw(TcpFrame::kWriteAck):
-    case raw(TcpFrame::kSendAck): {
-      OpKind kind = cur.type == TcpFrame::kWriteAck ? OpKind::kWrite : OpKind::kSend;
-      if (Status st = lookup_reply_op(kind); !st.ok()) return st;
-      if (cur.aux32 > 1 && cur.aux32 > frame_op->pending.load(std::memory_order_relaxed)) {
-        return {ErrorCode::kProtocol,
-                "ack for " + std::to_string(cur.aux32) + " entries, more than were sent"};
-      }
-      frame_text.resize(payload);  // error text: decode_header allows at most kMaxErrorText
-      sink = frame_text.data();
-      sink_left = payload;
-      return {};
-    }
+    case raw(TcpFrame::kSendAck):
+      return begin_ack(payload);
     case raw(TcpFrame::kSendCts):
       return on_clear_to_send();
-    case raw(TcpFrame::kSend): {
-      if (cur.flags & kFlagAnnounce) return on_announce();
-      if (cur.flags & kFlagRendezvous) {
-        auto it = announced.find(cur.op_id);
-        if (it == announced.end()) {
-          return {ErrorCode::kProtocol,
-                  "message bytes nobody asked for (op " + std::to_string(cur.op_id) + ")"};
-        }
-        frame_op = it->second;
-        announced.erase(it);
-        const OpEntry& dst = frame_op->entries[0];
-        sink = dst.local;
-        sink_left = payload < dst.length ? payload : dst.length;
-        discard_left = payload - sink_left;
-        return {};
-      }
-      Matcher::Arrival a = ch.link_->matcher.arrive(cur.key, payload);
-      if (!a.error.ok()) {
-        frame_error = a.error;
-        discard_left = payload;
-      } else if (a.recv != nullptr) {
-        frame_op = a.recv;
-        const OpEntry& dst = a.recv->entries[0];
-        sink = dst.local;
-        sink_left = payload < dst.length ? payload : dst.length;
-        discard_left = payload - sink_left;
-      } else {
-        // Counted by the matcher; nothing is allocated until bytes arrive (sink_room).
-        frame_counted = true;
-        frame_buffer.clear();
-        sink_grows = true;
-        sink = frame_buffer.data();
-        sink_left = payload;
-      }
-      return {};
-    }
+    case raw(TcpFrame::kSend):
+      return begin_send(payload);
     default:
       return {ErrorCode::kProtocol, "unexpected frame type " +
                                         std::to_string(static_cast<int>(cur.type)) +
                                         " on a data stream"};
   }
+}
+
+void TcpChannel::Stream::sink_error_text(uint64_t payload) {
+  frame_text.resize(payload);  // decode_header allows at most kMaxErrorText
+  sink = frame_text.data();
+  sink_left = payload;
+}
+
+void TcpChannel::Stream::sink_message(OpState* recv, uint64_t payload) {
+  frame_op = recv;
+  const OpEntry& dst = recv->entries[0];
+  sink = dst.local;
+  sink_left = payload < dst.length ? payload : dst.length;
+  discard_left = payload - sink_left;
+}
+
+Status TcpChannel::Stream::begin_read_group_data(uint64_t payload) {
+  if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
+  if (cur.region_id > frame_op->pending.load(std::memory_order_relaxed)) {
+    return {ErrorCode::kProtocol, "read data for " + std::to_string(cur.region_id) +
+                                      " entries, more than were asked for"};
+  }
+  if (cur.status != 0 && payload > 0) {
+    sink_error_text(payload);
+    return {};
+  }
+  return begin_group();
+}
+
+void TcpChannel::Stream::begin_write(uint64_t payload) {
+  uint8_t* addr = nullptr;
+  frame_error = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
+                                           Access::kRemoteWrite, &addr, frame_use);
+  if (frame_error.ok()) {
+    sink = addr;
+    sink_left = payload;
+  } else {
+    discard_left = payload;
+  }
+}
+
+void TcpChannel::Stream::answer_read_request() {
+  uint8_t* addr = nullptr;
+  RegionUse use;
+  Status st = ch.host_.regions().acquire(cur.region_id, cur.key, cur.offset, cur.length,
+                                         Access::kRemoteRead, &addr, use);
+  FrameHeader h;
+  h.type = TcpFrame::kReadData;
+  h.op_id = cur.op_id;
+  h.aux32 = cur.aux32;
+  h.aux64 = cur.aux64;
+  if (st.ok()) {
+    h.length = cur.length;
+    respond(h, st, addr, use.detach());
+  } else {
+    respond(h, Status(st.code(), "read: " + st.message()));
+  }
+}
+
+Status TcpChannel::Stream::begin_read_data(uint64_t payload) {
+  if (Status st = lookup_reply_op(OpKind::kRead); !st.ok()) return st;
+  if (cur.status != 0 && payload > 0) {
+    sink_error_text(payload);
+    return {};
+  }
+  if (cur.aux32 >= frame_op->entries.size()) {
+    return {ErrorCode::kProtocol, "read data for entry " + std::to_string(cur.aux32) + " of " +
+                                      std::to_string(frame_op->entries.size())};
+  }
+  const OpEntry& e = frame_op->entries[cur.aux32];
+  if (cur.aux64 > e.length || payload > e.length - cur.aux64 || payload > frame_op->slice_bytes) {
+    return {ErrorCode::kProtocol, "read data outside the requested range"};
+  }
+  sink = e.local + cur.aux64;
+  sink_left = payload;
+  return {};
+}
+
+Status TcpChannel::Stream::begin_ack(uint64_t payload) {
+  OpKind kind = cur.type == TcpFrame::kWriteAck ? OpKind::kWrite : OpKind::kSend;
+  if (Status st = lookup_reply_op(kind); !st.ok()) return st;
+  if (cur.aux32 > 1 && cur.aux32 > frame_op->pending.load(std::memory_order_relaxed)) {
+    return {ErrorCode::kProtocol,
+            "ack for " + std::to_string(cur.aux32) + " entries, more than were sent"};
+  }
+  sink_error_text(payload);  // an ack's payload is its error text, if any
+  return {};
+}
+
+Status TcpChannel::Stream::begin_send(uint64_t payload) {
+  if (cur.flags & kFlagAnnounce) return on_announce();
+  if (cur.flags & kFlagRendezvous) {
+    auto it = announced.find(cur.op_id);
+    if (it == announced.end()) {
+      return {ErrorCode::kProtocol,
+              "message bytes nobody asked for (op " + std::to_string(cur.op_id) + ")"};
+    }
+    OpState* recv = it->second;
+    announced.erase(it);
+    sink_message(recv, payload);
+    return {};
+  }
+  Matcher::Arrival a = ch.link_->matcher.arrive(cur.key, payload);
+  if (!a.error.ok()) {
+    frame_error = a.error;
+    discard_left = payload;
+  } else if (a.recv != nullptr) {
+    sink_message(a.recv, payload);
+  } else {
+    // Counted by the matcher; nothing is allocated until bytes arrive (sink_room).
+    frame_counted = true;
+    frame_buffer.clear();
+    sink_grows = true;
+    sink = frame_buffer.data();
+    sink_left = payload;
+  }
+  return {};
 }
 
 // A group frame's table comes first, into a buffer of the largest table's size.

@@ -227,7 +227,19 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   Status read_some(bool& would_block);
   Status consume(int& frames);
   Status recv_into(uint8_t* dst, std::size_t len, std::size_t& got, bool& would_block);
+  // Starts taking the frame `cur` heads: where its payload goes (sink), or what it answers.
   Status begin_frame();
+  // begin_frame's handlers, one per frame type; `payload`: the bytes that follow the header.
+  Status begin_read_group_data(uint64_t payload);
+  void begin_write(uint64_t payload);
+  void answer_read_request();
+  Status begin_read_data(uint64_t payload);
+  Status begin_ack(uint64_t payload);
+  Status begin_send(uint64_t payload);
+  // The payload is an error text (a failed read's data, an ack's), taken into frame_text.
+  void sink_error_text(uint64_t payload);
+  // A message's bytes go into the receive `recv`; what does not fit is discarded (truncated).
+  void sink_message(OpState* recv, uint64_t payload);
   Status end_frame();
   Status lookup_reply_op(OpKind kind);
   bool rendezvous(const OpState& send) const {
