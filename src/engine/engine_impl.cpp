@@ -18,6 +18,10 @@ namespace ferry::detail {
 using transport::OpState;
 
 namespace {
+// How often liveness checks peers and pings idle ones (each is pinged after a quarter of
+// peer_timeout of quiet): the check reads a clock and a few atomics per peer.
+constexpr Duration kLivenessPeriod = std::chrono::milliseconds(100);
+
 // "peer 42 at 127.0.0.1:5000 (same host): write/read over shm (shm: chosen (rank 0); ...)".
 std::string describe_routes(const PeerImpl& peer) {
   std::string out = "peer " + std::to_string(peer.engine_id) + " at " + peer.address + " (" +
@@ -94,7 +98,10 @@ EngineImpl::~EngineImpl() {
   teardown_.post("closing the transports", [transports] { transports->clear(); });
 }
 
-void EngineImpl::start() { listener_->start(); }
+void EngineImpl::start() {
+  listener_->start();
+  liveness_ = std::make_unique<core::Periodic>(kLivenessPeriod, [this] { housekeeping(); });
+}
 
 void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
   link.imms_received.fetch_add(1, std::memory_order_relaxed);
@@ -641,6 +648,7 @@ void EngineImpl::housekeeping() {
 void EngineImpl::shutdown() {
   if (stopping_.exchange(true)) return;
   listener_->stop();
+  if (liveness_) liveness_->stop();
 
   std::vector<std::shared_ptr<PeerImpl>> all = peers_with_channels();
   Status cancelled{ErrorCode::kCancelled, "engine shut down"};

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/net.hpp"
+#include "core/periodic.hpp"
 #include "core/reactor.hpp"
 #include "core/shared_memory.hpp"
 #include "engine/handshake.hpp"
@@ -134,7 +135,9 @@ class EngineImpl final : public transport::Host,
   void attach_side(const std::shared_ptr<PeerImpl>& peer, const engine::Join& join,
                    core::Fd fd) override;
   void publish(const std::shared_ptr<PeerImpl>& peer) override;
-  void housekeeping() override;
+  // Liveness, every kLivenessPeriod on a thread of its own: declares silent peers lost, pings
+  // idle ones, drops peers whose side connections are late.
+  void housekeeping();
 
   const Config config;
   const uint64_t id;
@@ -171,6 +174,7 @@ class EngineImpl final : public transport::Host,
   // Destroyed before the transports it may still be using (the destructor hands them to it).
   core::Teardown teardown_;
   std::unique_ptr<Listener> listener_;
+  std::unique_ptr<core::Periodic> liveness_;  // runs housekeeping(); from start()
   std::atomic<bool> stopping_{false};
 
   mutable std::mutex mu_;  // peers, joining, accept queue

@@ -18,10 +18,8 @@ using core::FrameHeader;
 using core::FrameType;
 
 namespace {
-// How often the liveness timer checks peers and pings idle ones.
-constexpr Duration kHousekeepingPeriod = std::chrono::milliseconds(100);
 // Connections taken from the accept queue per wake-up, so a connection flood cannot keep the
-// thread from the handshakes already under way and the timer.
+// thread from the handshakes already under way.
 constexpr int kAcceptBurst = 32;
 // After accept() fails for want of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the
 // listening socket is left alone for this long, doubling up to the maximum while it keeps
@@ -102,7 +100,7 @@ std::size_t Listener::worst_case_handshake_bytes() {
 }
 
 void Listener::start() {
-  thread_ = std::thread([this] { run(); });
+  if (socket_.valid()) thread_ = std::thread([this] { run(); });
 }
 
 void Listener::stop() {
@@ -113,11 +111,10 @@ void Listener::stop() {
 }
 
 void Listener::run() {
-  Clock::time_point next_tick = Clock::now() + kHousekeepingPeriod;
   epoll_event events[64];
   while (!stopping_.load()) {
     Clock::time_point now = Clock::now();
-    Clock::time_point wake_at = next_tick;
+    Clock::time_point wake_at = Clock::time_point::max();
     for (const auto& [id, h] : handshakes_) wake_at = std::min(wake_at, h->deadline);
     bool backing_off = accept_backoff_ != Duration::zero();
     if (backing_off) wake_at = std::min(wake_at, accept_resumes_);
@@ -143,10 +140,6 @@ void Listener::run() {
       accept_burst(now);
     }
     expire(now);
-    if (now >= next_tick) {
-      engine_.housekeeping();
-      next_tick = now + kHousekeepingPeriod;
-    }
   }
   std::vector<uint64_t> ids;
   for (const auto& [id, h] : handshakes_) ids.push_back(id);

@@ -57,8 +57,6 @@ class ListenerHost {
                            core::Fd fd) = 0;
   // A peer that connected to us is ready: accept() returns it.
   virtual void publish(const std::shared_ptr<PeerImpl>& peer) = 0;
-  // Liveness: declares silent peers lost, pings idle ones, drops peers whose streams are late.
-  virtual void housekeeping() = 0;
 
  protected:
   ~ListenerHost() = default;
@@ -66,8 +64,8 @@ class ListenerHost {
 
 class Listener {
  public:
-  // `socket` is the listening socket, or invalid when the engine does not listen (then only
-  // the liveness timer runs).
+  // `socket` is the listening socket, or invalid when the engine does not listen (then no
+  // thread runs).
   Listener(ListenerHost& engine, core::Fd socket);
   ~Listener();
   Listener(const Listener&) = delete;
