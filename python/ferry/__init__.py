@@ -6,7 +6,7 @@
     region = target.register(buf, access=ferry.Access.REMOTE_WRITE)
     blob = region.descriptor()                     # bytes: hand it to the initiator
 
-    initiator = ferry.Engine(listen=False)
+    initiator = ferry.Engine(listen=False)         # or ferry.Engine(config), a ferry.Config
     peer = initiator.connect(target.address)
     src = initiator.register(np.full(4096, 7, dtype=np.uint8))
     remote = ferry.Descriptor(blob)                # decoded once (bytes also work, slower)
@@ -32,6 +32,7 @@ _ferry._set_error_classes(dict(BY_CODE))  # type: ignore[attr-defined]
 _log.start()
 
 Access = _ferry.Access
+Config = _ferry.Config
 Descriptor = _ferry.Descriptor
 Region = _ferry.Region
 Peer = _ferry.Peer
@@ -49,8 +50,8 @@ _live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 class Engine(_ferry.Engine):
     __doc__ = _ferry.Engine.__doc__
 
-    def __init__(self, **config: Any) -> None:
-        super().__init__(**config)
+    def __init__(self, config: Config | None = None, /, **keywords: Any) -> None:
+        super().__init__(config, **keywords)
         _live_engines.add(self)
 
     def notifications(self) -> Notifications:
@@ -83,6 +84,6 @@ def _shutdown_engines() -> None:
 
 
 __all__ = [
-    "Access", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
+    "Access", "Config", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
     "FerryError", "log_level", "set_log_level", "settings", "transports", "__version__",
 ] + [cls.__name__ for cls in BY_CODE.values()]

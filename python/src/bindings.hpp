@@ -119,6 +119,13 @@ void build_batch(const PyRegion& local, nb::handle remote, nb::handle local_offs
 // counts, latency_sum_s) and errors ({code name: count}).
 nb::dict metrics_dict(const PeerMetrics& m);
 
+// `s` seconds as a Duration; kInvalidArgument naming `what` when negative or not finite.
+Duration seconds(double s, const char* what);
+// A copy of `base` (a ferry.Config, or None: the defaults) with Engine()'s keywords applied:
+// Config attributes, transport settings as <transport>_<name>, and settings={name: value}.
+Config config_from(nb::handle base, const nb::kwargs& keywords);
+
+void bind_config(nb::module_& m);
 void bind_engine(nb::module_& m);
 void bind_peer(nb::module_& m);
 void bind_future(nb::module_& m);

@@ -15,18 +15,6 @@ namespace {
 
 using namespace nb::literals;
 
-Duration seconds(double s, const char* what) {
-  if (!(s >= 0) || !std::isfinite(s)) {
-    throw Error(ErrorCode::kInvalidArgument, std::string(what) + " must be >= 0 seconds");
-  }
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
-}
-
-TransportKind transport_kind(const std::string& name) {
-  if (std::optional<TransportKind> kind = transport_named(name)) return *kind;
-  throw Error(ErrorCode::kInvalidArgument, "unknown transport '" + name + "'");
-}
-
 // The memory of `obj`: the buffer protocol first (NumPy, bytearray, memoryview, array), else
 // DLPack (torch tensors). Refuses non-contiguous memory, and read-only memory where peers would
 // write it.
@@ -106,31 +94,9 @@ void PyRegion::deregister() {
 }
 
 namespace {
-// One entry of Engine(settings={...}): a str, int or bool value, as Engine::set takes it.
-void apply_setting(Config& c, nb::handle name, nb::handle value) {
-  if (!nb::isinstance<nb::str>(name)) throw nb::type_error("settings: names are str");
-  std::string text;
-  if (nb::isinstance<nb::bool_>(value)) {
-    text = nb::cast<bool>(value) ? "true" : "false";
-  } else if (nb::isinstance<nb::int_>(value)) {
-    text = std::to_string(nb::cast<int64_t>(value));
-  } else if (nb::isinstance<nb::str>(value)) {
-    text = nb::cast<std::string>(value);
-  } else {
-    throw nb::type_error(("settings['" + nb::cast<std::string>(name) +
-                          "']: a str, int or bool, not " +
-                          nb::cast<std::string>(nb::str(value.type())))
-                             .c_str());
-  }
-  try {
-    Engine::set(c, nb::cast<std::string>(name), text);
-  } catch (const Error& e) {
-    raise_status(e.status());
-  }
-}
-}  // namespace
 
-void bind_engine(nb::module_& m) {
+// Access, ImmEvent and Region.
+void bind_region(nb::module_& m) {
   nb::enum_<Access>(m, "Access", nb::is_flag(), "What a peer may do with a registered region.")
       .value("LOCAL", Access::kLocal, "only this engine uses it")
       .value("REMOTE_READ", Access::kRemoteRead)
@@ -179,95 +145,13 @@ void bind_engine(nb::module_& m) {
            "Revoke peers' access; returns once no operation touches the memory.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](PyRegion& r, nb::args) { r.deregister(); });
+}
 
-  Config defaults;
-  nb::class_<PyEngine>(m, "Engine",
-                       "A Ferry engine: registers memory, connects to peers and accepts them.")
-      .def(
-          "__init__",
-          [](PyEngine* self, bool listen, const std::string& listen_host, uint16_t listen_port,
-             std::optional<std::vector<std::string>> transports, const std::string& secret,
-             uint64_t engine_id, int progress_threads, const std::string& rdma_device,
-             int rdma_gid_index, int verbs_qps, int tcp_streams, std::size_t slice_bytes,
-             std::size_t stripe_threshold, double busy_poll, double wait_spin, double peer_timeout,
-             double connect_timeout, std::size_t max_unexpected_bytes,
-             std::size_t max_unexpected_messages, std::size_t max_unexpected_bytes_total,
-             bool zero_copy_receives, std::size_t max_peers, std::size_t max_handshakes,
-             int max_handshakes_per_source, std::size_t max_queued_imms,
-             std::size_t max_queued_imms_total, double revoke_timeout, std::size_t tcp_eager_bytes,
-             bool metrics, std::optional<nb::dict> settings) {
-            Config c;
-            c.listen = listen;
-            c.listen_host = listen_host;
-            c.listen_port = listen_port;
-            if (transports) {
-              c.transports.clear();
-              for (const auto& t : *transports) c.transports.push_back(transport_kind(t));
-            }
-            c.secret = secret;
-            c.engine_id = engine_id;
-            c.progress_threads = progress_threads;
-            c.verbs.device = rdma_device;
-            c.verbs.gid_index = rdma_gid_index;
-            c.verbs.qps = verbs_qps;
-            c.tcp.streams = tcp_streams;
-            c.slice_bytes = slice_bytes;
-            c.stripe_threshold = stripe_threshold;
-            c.busy_poll = seconds(busy_poll, "busy_poll");
-            c.wait_spin = seconds(wait_spin, "wait_spin");
-            c.peer_timeout = seconds(peer_timeout, "peer_timeout");
-            c.connect_timeout = seconds(connect_timeout, "connect_timeout");
-            c.max_unexpected_bytes = max_unexpected_bytes;
-            c.max_unexpected_messages = max_unexpected_messages;
-            c.max_unexpected_bytes_total = max_unexpected_bytes_total;
-            c.verbs.zero_copy_receives = zero_copy_receives;
-            c.max_peers = max_peers;
-            c.max_handshakes = max_handshakes;
-            c.max_handshakes_per_source = max_handshakes_per_source;
-            c.max_queued_imms = max_queued_imms;
-            c.max_queued_imms_total = max_queued_imms_total;
-            c.revoke_timeout = seconds(revoke_timeout, "revoke_timeout");
-            c.tcp.eager_bytes = tcp_eager_bytes;
-            c.metrics = metrics;
-            if (settings) {
-              for (auto [name, value] : *settings) apply_setting(c, name, value);
-            }
-            std::unique_ptr<Engine> engine;
-            {
-              nb::gil_scoped_release unlocked;
-              engine = std::make_unique<Engine>(c);
-            }
-            new (self) PyEngine{std::move(engine)};
-          },
-          nb::kw_only(), "listen"_a = defaults.listen, "listen_host"_a = defaults.listen_host,
-          "listen_port"_a = defaults.listen_port, "transports"_a = nb::none(),
-          "secret"_a = defaults.secret, "engine_id"_a = defaults.engine_id,
-          "progress_threads"_a = defaults.progress_threads, "rdma_device"_a = defaults.verbs.device,
-          "rdma_gid_index"_a = defaults.verbs.gid_index, "verbs_qps"_a = defaults.verbs.qps,
-          "tcp_streams"_a = defaults.tcp.streams, "slice_bytes"_a = defaults.slice_bytes,
-          "stripe_threshold"_a = defaults.stripe_threshold,
-          "busy_poll"_a = std::chrono::duration<double>(defaults.busy_poll).count(),
-          "wait_spin"_a = std::chrono::duration<double>(defaults.wait_spin).count(),
-          "peer_timeout"_a = std::chrono::duration<double>(defaults.peer_timeout).count(),
-          "connect_timeout"_a = std::chrono::duration<double>(defaults.connect_timeout).count(),
-          "max_unexpected_bytes"_a = defaults.max_unexpected_bytes,
-          "max_unexpected_messages"_a = defaults.max_unexpected_messages,
-          "max_unexpected_bytes_total"_a = defaults.max_unexpected_bytes_total,
-          "zero_copy_receives"_a = defaults.verbs.zero_copy_receives,
-          "max_peers"_a = defaults.max_peers, "max_handshakes"_a = defaults.max_handshakes,
-          "max_handshakes_per_source"_a = defaults.max_handshakes_per_source,
-          "max_queued_imms"_a = defaults.max_queued_imms,
-          "max_queued_imms_total"_a = defaults.max_queued_imms_total,
-          "revoke_timeout"_a = std::chrono::duration<double>(defaults.revoke_timeout).count(),
-          "tcp_eager_bytes"_a = defaults.tcp.eager_bytes, "metrics"_a = defaults.metrics,
-          "settings"_a = nb::none(),
-          "Settings as in ferry::Config (include/ferry/ferry.hpp); times in seconds. "
-          "transports: names in order of preference, e.g. ['verbs', 'tcp']. settings: any "
-          "transport setting by name, {'tcp.streams': 4, 'shm.stream_poll': '50us'} "
-          "(ferry.settings() lists them), applied after the keywords.")
-      .def_prop_ro(
-          "address", [](const PyEngine& e) { return e.get().address(); },
-          "'host:port' peers can connect to ('' when not listening).")
+// What an engine holds and has counted.
+void bind_state(nb::class_<PyEngine>& cls) {
+  cls.def_prop_ro(
+         "address", [](const PyEngine& e) { return e.get().address(); },
+         "'host:port' peers can connect to ('' when not listening).")
       .def_prop_ro("addresses", [](const PyEngine& e) { return e.get().addresses(); })
       .def_prop_ro("port", [](const PyEngine& e) { return e.get().port(); })
       .def_prop_ro("id", [](const PyEngine& e) { return e.get().id(); })
@@ -303,28 +187,32 @@ void bind_engine(nb::module_& m) {
           "peers_admitted and refused_connections.")
       .def(
           "prometheus", [](const PyEngine& e) { return e.get().metrics().prometheus(); },
-          "The engine's metrics in Prometheus text format (what ferry --web serves at /metrics).")
-      .def(
-          "register",
-          [](nb::handle self, nb::handle obj, Access access) {
-            auto& engine = nb::cast<PyEngine&>(self);
-            auto region = std::make_unique<PyRegion>();
-            void* data = nullptr;
-            std::size_t length = 0;
-            take_memory(*region, obj, access, data, length);
-            if (!region->owner.is_valid()) region->owner = nb::borrow(obj);
-            region->engine = nb::borrow(self);
-            try {
-              region->region = engine.get().register_memory(data, length, access);
-            } catch (...) {
-              region->deregister();
-              throw;
-            }
-            return region.release();
-          },
-          "obj"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
-          "Register the memory of `obj` (buffer protocol or DLPack: NumPy arrays, torch CPU "
-          "tensors, bytearray) without copying it. The object stays alive while registered.")
+          "The engine's metrics in Prometheus text format (what ferry --web serves at /metrics).");
+}
+
+// Registration and allocation: regions that keep their memory's owner and the engine alive.
+void bind_memory(nb::class_<PyEngine>& cls) {
+  cls.def(
+         "register",
+         [](nb::handle self, nb::handle obj, Access access) {
+           auto& engine = nb::cast<PyEngine&>(self);
+           auto region = std::make_unique<PyRegion>();
+           void* data = nullptr;
+           std::size_t length = 0;
+           take_memory(*region, obj, access, data, length);
+           if (!region->owner.is_valid()) region->owner = nb::borrow(obj);
+           region->engine = nb::borrow(self);
+           try {
+             region->region = engine.get().register_memory(data, length, access);
+           } catch (...) {
+             region->deregister();
+             throw;
+           }
+           return region.release();
+         },
+         "obj"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
+         "Register the memory of `obj` (buffer protocol or DLPack: NumPy arrays, torch CPU "
+         "tensors, bytearray) without copying it. The object stays alive while registered.")
       .def(
           "allocate",
           [](nb::handle self, std::size_t length, Access access) {
@@ -348,20 +236,23 @@ void bind_engine(nb::module_& m) {
           "length"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
           "Allocate `length` zeroed bytes that the engine registers with `access`: a same-host "
           "peer maps them and copies with plain memcpy. Region.obj is a NumPy uint8 array over "
-          "them, valid for as long as it lives, even after deregistration.")
-      .def(
-          "connect",
-          [](nb::handle self, const std::string& address) {
-            auto& engine = nb::cast<PyEngine&>(self);
-            Peer peer;
-            {
-              nb::gil_scoped_release unlocked;
-              peer = engine.get().connect(address);
-            }
-            return new PyPeer{std::move(peer), nb::borrow(self)};
-          },
-          "address"_a, nb::rv_policy::take_ownership,
-          "Connect to the engine at 'host:port' (bounded by connect_timeout).")
+          "them, valid for as long as it lives, even after deregistration.");
+}
+
+void bind_peers(nb::class_<PyEngine>& cls) {
+  cls.def(
+         "connect",
+         [](nb::handle self, const std::string& address) {
+           auto& engine = nb::cast<PyEngine&>(self);
+           Peer peer;
+           {
+             nb::gil_scoped_release unlocked;
+             peer = engine.get().connect(address);
+           }
+           return new PyPeer{std::move(peer), nb::borrow(self)};
+         },
+         "address"_a, nb::rv_policy::take_ownership,
+         "Connect to the engine at 'host:port' (bounded by connect_timeout).")
       .def(
           "accept",
           [](nb::handle self, double timeout) -> std::optional<nb::object> {
@@ -376,15 +267,19 @@ void bind_engine(nb::module_& m) {
                             nb::rv_policy::take_ownership);
           },
           "timeout"_a, nb::sig("def accept(self, timeout: float) -> Peer | None"),
-          "The next peer that connected, or None after `timeout` seconds.")
-      .def(
-          "next_imm",
-          [](PyEngine& e, double timeout) {
-            Duration t = seconds(timeout, "timeout");
-            nb::gil_scoped_release unlocked;
-            return e.get().next_imm(t);
-          },
-          "timeout"_a, "The next write_with_imm notification, or None after `timeout` seconds.")
+          "The next peer that connected, or None after `timeout` seconds.");
+}
+
+// Notifications, and shutdown.
+void bind_notifications(nb::class_<PyEngine>& cls) {
+  cls.def(
+         "next_imm",
+         [](PyEngine& e, double timeout) {
+           Duration t = seconds(timeout, "timeout");
+           nb::gil_scoped_release unlocked;
+           return e.get().next_imm(t);
+         },
+         "timeout"_a, "The next write_with_imm notification, or None after `timeout` seconds.")
       .def(
           "on_imm",
           [](PyEngine& e, nb::object fn) {
@@ -413,22 +308,26 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release unlocked;
             e.engine->shutdown();
           },
-          "Cancel what is in flight, close every peer, stop Ferry's threads. Idempotent.")
-      .def_static(
-          "transports",
-          [] {
-            std::vector<nb::dict> out;
-            for (const auto& t : Engine::transports()) {
-              nb::dict d;
-              d["name"] = std::string(to_string(t.kind));
-              d["usable"] = t.usable;
-              d["detail"] = t.detail;
-              d["devices"] = t.devices;
-              out.push_back(d);
-            }
-            return out;
-          },
-          "Transports compiled in and whether they are usable on this host, and why.")
+          "Cancel what is in flight, close every peer, stop Ferry's threads. Idempotent.");
+}
+
+// What is compiled in and what can be set, without an engine.
+void bind_listings(nb::class_<PyEngine>& cls) {
+  cls.def_static(
+         "transports",
+         [] {
+           std::vector<nb::dict> out;
+           for (const auto& t : Engine::transports()) {
+             nb::dict d;
+             d["name"] = std::string(to_string(t.kind));
+             d["usable"] = t.usable;
+             d["detail"] = t.detail;
+             d["devices"] = t.devices;
+             out.push_back(d);
+           }
+           return out;
+         },
+         "Transports compiled in and whether they are usable on this host, and why.")
       .def_static(
           "settings",
           [] {
@@ -448,6 +347,36 @@ void bind_engine(nb::module_& m) {
           },
           "Every transport setting: name, type, value (the environment applied), default, range, "
           "environment variable, help.");
+}
+
+}  // namespace
+
+void bind_engine(nb::module_& m) {
+  bind_region(m);
+  nb::class_<PyEngine> cls(m, "Engine",
+                           "A Ferry engine: registers memory, connects to peers and accepts them.");
+  cls.def(
+      "__init__",
+      [](PyEngine* self, nb::handle config, const nb::kwargs& keywords) {
+        Config c = config_from(config, keywords);
+        std::unique_ptr<Engine> engine;
+        {
+          nb::gil_scoped_release unlocked;
+          engine = std::make_unique<Engine>(c);
+        }
+        new (self) PyEngine{std::move(engine)};
+      },
+      "config"_a = nb::none(), "keywords"_a,
+      nb::sig("def __init__(self, config: Config | None = None, /, **keywords) -> None"),
+      "An engine with `config` (a ferry.Config; None: the defaults), then `keywords`: any "
+      "Config attribute (listen=False, transports=['verbs', 'tcp'], peer_timeout=5.0), any "
+      "transport setting as <transport>_<name> (tcp_streams=4), or settings={'tcp.streams': 4, "
+      "'shm.stream_poll': '50us'} (ferry.settings() lists them).");
+  bind_state(cls);
+  bind_memory(cls);
+  bind_peers(cls);
+  bind_notifications(cls);
+  bind_listings(cls);
 }
 
 }  // namespace ferry::python

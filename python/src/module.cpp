@@ -20,6 +20,7 @@ NB_MODULE(_ferry, m) {
   bounds.append(std::numeric_limits<double>::infinity());
   m.attr("LATENCY_BUCKET_BOUNDS_S") = bounds;
   register_errors(m);
+  bind_config(m);
   bind_engine(m);
   bind_descriptor(m);
   bind_peer(m);
