@@ -77,7 +77,7 @@ for run in $(seq 1 "$REPEAT"); do
     --json)
   # Without cross-memory attach (as where the kernel refuses it): 32 KiB pieces through the
   # rings, beside TCP loopback.
-  ring=$("$FERRY" bench --cross-memory 0 --op write,read --sizes $M1 --concurrency 8 --same-area \
+  ring=$("$FERRY" bench --shm.cross_memory false --op write,read --sizes $M1 --concurrency 8 --same-area \
     --json)
   tcp=$("$FERRY" bench --transport tcp --op write,read --sizes $M1 --concurrency 8 --same-area \
     --json)

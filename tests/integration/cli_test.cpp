@@ -36,6 +36,14 @@ std::string verbs_unusable_reason() {
   return "";
 }
 
+// A declared transport setting's default, as `ferry bench --help` shows it.
+std::string declared_default(const std::string& name) {
+  for (const SettingInfo& s : Engine::settings()) {
+    if (s.name == name) return s.default_value;
+  }
+  return "(" + name + " is not declared)";
+}
+
 struct Case {
   std::string args;
   int exit_code;
@@ -65,9 +73,11 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       // Numbers.
       {"bench --iters 0", 2, "--iters: '0' must be between 1 and "},
       {"bench --iters x", 2, "--iters: 'x' is not a whole number"},
-      {"bench --streams 0", 2, "--streams: '0' must be between 1 and 64"},
-      {"bench --streams 65", 2, "--streams: '65' must be between 1 and 64"},
-      {"bench --qps -1", 2, "--qps: '-1' must be between 1 and 64"},
+      // Transport settings: a flag each, from the transport's declaration.
+      {"bench --tcp.streams 0", 2, "--tcp.streams: tcp.streams must be 1..64 (is 0)"},
+      {"bench --tcp.streams 65", 2, "--tcp.streams: tcp.streams must be 1..64 (is 65)"},
+      {"bench --verbs.qps -1", 2, "--verbs.qps: verbs.qps must be 1..64 (is -1)"},
+      {"bench --shm.cross_memory nope", 2, "--shm.cross_memory: shm.cross_memory: 'nope' is not"},
       {"bench --batch 0", 2, "--batch: '0' must be between 1 and "},
       {"bench --concurrency 0", 2, "--concurrency: '0' must be between 1 and "},
       {"bench --batch 200 --concurrency 100", 2, "transfers in flight; at most 16384"},
@@ -78,7 +88,7 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"bench --threads 65", 2, "--threads: '65' must be between 1 and 64"},
       {"bench --busy-poll-us -1", 2, "--busy-poll-us: '-1' must be between 0 and "},
       {"bench --wait-spin-us -1", 2, "--wait-spin-us: '-1' must be between 0 and "},
-      {"bench --stream-poll-us -1", 2, "--stream-poll-us: '-1' must be between 0 and "},
+      {"bench --shm.stream_poll -1", 2, "--shm.stream_poll: shm.stream_poll must be 0..1s"},
       // Operations and transports.
       {"bench --op ''", 2, "--op: '' names no operation (use write, read"},
       {"bench --op write,,read", 2, "--op: 'write,,read' has an empty operation"},
@@ -136,18 +146,14 @@ TEST(Cli, AnswersToEveryKindOfInput) {
       {"stream --listen 127.0.0.1:0 --transport carrier-pigeon", 2,
        "'carrier-pigeon' is not one of auto"},
       {"--version", 0, "ferry " + std::string(Engine::version())},
-      {"bench --help", 0, "--streams N=" + std::to_string(Config{}.tcp.streams)},
+      {"bench --help", 0, "--tcp.streams VALUE=" + std::to_string(Config{}.tcp.streams)},
       {"bench --help", 0, "--transport NAME=auto"},
       {"bench --help", 0, "--sizes SIZES=4K,16K,64K,256K,1M,4M,16M,64M"},
       {"bench --help", 0,
        "--wait-spin-us US=" +
            std::to_string(
                std::chrono::duration_cast<std::chrono::microseconds>(Config{}.wait_spin).count())},
-      {"bench --help", 0,
-       "--stream-poll-us US=" +
-           std::to_string(
-               std::chrono::duration_cast<std::chrono::microseconds>(Config{}.shm.stream_poll)
-                   .count())},
+      {"bench --help", 0, "--shm.stream_poll VALUE=" + declared_default("shm.stream_poll")},
   };
   std::string reason = verbs_unusable_reason();
   if (!reason.empty()) cases.push_back({"bench --transport verbs", 1, reason});
@@ -268,9 +274,11 @@ TEST(Cli, TransportSettingsAreListedAndSetByName) {
     ASSERT_EQ(run("info", info), 0) << info;
   }
   EXPECT_TRUE(std::regex_search(
-      info, std::regex("\n  tcp\\.streams = 5 +count 1\\.\\.64 +sockets per peer[^\n]*\\(default 2\\)\n")))
+      info, std::regex(
+                "\n  tcp\\.streams = 5 +count 1\\.\\.64 +sockets per peer[^\n]*\\(default 2\\)\n")))
       << info;
-  EXPECT_TRUE(std::regex_search(info, std::regex("\n  shm\\.stream_poll = 20us +duration 0\\.\\.1s ")))
+  EXPECT_TRUE(
+      std::regex_search(info, std::regex("\n  shm\\.stream_poll = 20us +duration 0\\.\\.1s ")))
       << info;
   std::string json;
   ASSERT_EQ(run("info --json", json), 0) << json;
@@ -288,8 +296,7 @@ TEST(Cli, TransportSettingsAreListedAndSetByName) {
   EXPECT_NE(out.find("tcp       send "), std::string::npos) << out;
   std::string refused;
   EXPECT_EQ(run("bench --set tcp.streams=0", refused), 2) << refused;
-  EXPECT_NE(refused.find("ferry bench: --set: tcp.streams must be 1..64 (is 0)"),
-            std::string::npos)
+  EXPECT_NE(refused.find("ferry bench: --set: tcp.streams must be 1..64 (is 0)"), std::string::npos)
       << refused;
 }
 
@@ -320,7 +327,7 @@ struct Trap {
 TEST(Cli, BadInputConnectsToNothingAndListensNowhere) {
   Trap trap;
   std::vector<std::string> bad = {"--sizes 0", "--sizes 1024T", "--iters 0",
-                                  "--op ''",   "--qps -1",      "--slice 0"};
+                                  "--op ''",   "--verbs.qps 0", "--slice 0"};
   if (!verbs_unusable_reason().empty()) bad.push_back("--transport verbs");
   for (const auto& args : bad) {
     std::string out;
@@ -392,13 +399,14 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   // messages streaming through the rings with nobody polling for their next piece (messages
   // above 2 MiB are pulled): still byte-exact.
   std::string pulled;
-  ASSERT_EQ(run("bench --ring-copies 0 --op write,write_imm,send --sizes 3000007 --iters 3 "
-                "--concurrency 2 --json",
-                pulled),
-            0)
+  ASSERT_EQ(
+      run("bench --shm.ring_copies_up_to 0 --op write,write_imm,send --sizes 3000007 --iters 3 "
+          "--concurrency 2 --json",
+          pulled),
+      0)
       << pulled;
   std::string unpolled;
-  ASSERT_EQ(run("bench --stream-poll-us 0 --op write,send --sizes 1000003,3000007 --iters 3 "
+  ASSERT_EQ(run("bench --shm.stream_poll 0 --op write,send --sizes 1000003,3000007 --iters 3 "
                 "--concurrency 2 --json",
                 unpolled),
             0)
@@ -410,7 +418,7 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   // Without cross-memory attach: writes and reads through the rings, sends over TCP, and the
   // routes say why.
   std::string ringed;
-  ASSERT_EQ(run("bench --cross-memory 0 --op write,read,send --sizes 8,1000003 --iters 5 "
+  ASSERT_EQ(run("bench --shm.cross_memory false --op write,read,send --sizes 8,1000003 --iters 5 "
                 "--concurrency 2 --json",
                 ringed),
             0)

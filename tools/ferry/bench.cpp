@@ -584,16 +584,9 @@ pid_t spawn_target(const BenchOptions& o, const std::string& self, std::string& 
   auto pass = [&](const char* flag, const auto& value) {
     if (value) args.insert(args.end(), {flag, std::to_string(*value)});
   };
-  pass("--streams", o.streams);
-  pass("--qps", o.qps);
-  pass("--cross-memory", o.cross_memory);
   pass("--metrics", o.metrics);
   pass("--slice", o.slice_bytes);
   pass("--stripe", o.stripe_bytes);
-  pass("--eager", o.eager_bytes);
-  pass("--ring-copies", o.ring_copies);
-  pass("--measure-paths", o.measure_paths);
-  pass("--stream-poll-us", o.stream_poll_us);
   pass("--busy-poll-us", o.busy_poll_us);
   pass("--wait-spin-us", o.wait_spin_us);
   for (const auto& [name, value] : o.settings) {

@@ -76,16 +76,9 @@ Config engine_config(const BenchOptions& o, const Address& listen) {
   }
   c.secret = o.secret;
   c.progress_threads = o.threads;
-  if (o.streams) c.tcp.streams = *o.streams;
-  if (o.qps) c.verbs.qps = *o.qps;
-  if (o.cross_memory) c.shm.cross_memory = *o.cross_memory;
-  if (o.ring_copies) c.shm.ring_copies_up_to = *o.ring_copies;
-  if (o.measure_paths) c.shm.measure_paths = *o.measure_paths;
-  if (o.stream_poll_us) c.shm.stream_poll = std::chrono::microseconds(*o.stream_poll_us);
   if (o.metrics) c.metrics = *o.metrics;
   if (o.slice_bytes) c.slice_bytes = *o.slice_bytes;
   if (o.stripe_bytes) c.stripe_threshold = *o.stripe_bytes;
-  if (o.eager_bytes) c.tcp.eager_bytes = *o.eager_bytes;
   if (o.busy_poll_us) c.busy_poll = std::chrono::microseconds(*o.busy_poll_us);
   if (o.wait_spin_us) c.wait_spin = std::chrono::microseconds(*o.wait_spin_us);
   for (const auto& [name, value] : o.settings) Engine::set(c, name, value);

@@ -40,6 +40,18 @@ const char* const kOpList = "write, read, write_imm, send, pingpong or imm_pingp
 
 std::string in_quotes(std::string_view text) { return "'" + std::string(text) + "'"; }
 
+// A transport setting from `flag`, checked here against its declaration (the engine would
+// refuse it later, without naming the flag).
+void take_setting(BenchOptions& o, const std::string& flag, std::string name, std::string value) {
+  Config scratch;
+  try {
+    Engine::set(scratch, name, value);
+  } catch (const Error& e) {
+    bad(flag, e.status().message());
+  }
+  o.settings.emplace_back(std::move(name), std::move(value));
+}
+
 }  // namespace
 
 std::optional<uint64_t> parse_size(std::string_view text) {
@@ -235,17 +247,6 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       ->type_name("N");
   b.add_flag("--json", o.json, "One JSON object per result line");
   b.add_option("--secret", o.secret, "Shared secret for peer authentication");
-  add(b, "--streams", o.streams, count(1, kMaxLanes), "TCP sockets per peer")
-      ->type_name("N")
-      ->default_str(std::to_string(engine.tcp.streams));
-  add(b, "--qps", o.qps, count(1, kMaxLanes), "Verbs queue pairs per peer")
-      ->type_name("N")
-      ->default_str(std::to_string(engine.verbs.qps));
-  b.add_option("--cross-memory", o.cross_memory,
-               "Same-host transfers with process_vm_readv (1); 0: mapped regions and the "
-               "shared-memory rings only, as where the kernel refuses it")
-      ->type_name("0|1")
-      ->default_str(engine.shm.cross_memory ? "1" : "0");
   b.add_option("--metrics", o.metrics,
                "Count every operation (Engine::metrics, /metrics of --web); 0: count nothing")
       ->type_name("0|1")
@@ -257,43 +258,31 @@ void add_bench_options(CLI::App& b, BenchOptions& o) {
       "Operations above this size use every socket")
       ->type_name("SIZE")
       ->default_str(human_size(engine.stripe_threshold));
-  add(b, "--eager", o.eager_bytes, bytes(0, kNoMax),
-      "TCP messages above this size wait for the receiver's receive (rendezvous)")
-      ->type_name("SIZE")
-      ->default_str(human_size(engine.tcp.eager_bytes));
-  add(b, "--ring-copies", o.ring_copies, bytes(0, kNoMax),
-      "Same-host writes and messages of 256K up to this size travel through the shared-memory "
-      "rings instead of one process_vm_readv (0: none)")
-      ->type_name("SIZE")
-      ->default_str(human_size(engine.shm.ring_copies_up_to));
-  b.add_option("--measure-paths", o.measure_paths,
-               "Same-host writes and messages the --ring-copies window covers each take the way "
-               "that moved ones of their size faster lately (1), or all go through the rings (0)")
-      ->type_name("0|1")
-      ->default_str(engine.shm.measure_paths ? "1" : "0");
-  add(b, "--stream-poll-us", o.stream_poll_us, count(0, kMaxMicroseconds),
-      "While a transfer streams through the same-host rings, progress threads poll them this "
-      "long for its next piece before sleeping")
-      ->type_name("US")
-      ->default_str(microseconds(engine.shm.stream_poll));
+  // One flag per declared transport setting (--tcp.streams 4): what --set takes, from the
+  // transport's own declaration, so a setting a transport adds needs no line here.
+  for (const SettingInfo& s : Engine::settings()) {
+    std::string flag = "--" + s.name;
+    b.add_option_function<std::string>(
+         flag,
+         [&o, flag, name = s.name](const std::string& value) {
+           take_setting(o, flag, name, value);
+         },
+         s.help + " (" + s.type + (s.range.empty() ? "" : " " + s.range) + ")")
+        ->type_name("VALUE")
+        ->default_str(s.default_value);
+  }
   b.add_option_function<std::vector<std::string>>(
        "--set",
        [&o](const std::vector<std::string>& items) {
          for (const std::string& item : items) {
            std::size_t eq = item.find('=');
            if (eq == std::string::npos) bad("--set", in_quotes(item) + ": expected NAME=VALUE");
-           std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-           Config scratch;
-           try {
-             Engine::set(scratch, name, value);  // checked here, against its declaration
-           } catch (const Error& e) {
-             bad("--set", e.status().message());
-           }
-           o.settings.emplace_back(std::move(name), std::move(value));
+           take_setting(o, "--set", item.substr(0, eq), item.substr(eq + 1));
          }
        },
-       "A transport setting, NAME=VALUE (tcp.streams=4, shm.stream_poll=50us); repeatable. "
-       "`ferry info` lists them, their ranges and environment variables")
+       "A transport setting, NAME=VALUE (tcp.streams=4, shm.stream_poll=50us), as its own flag "
+       "above takes it; repeatable. `ferry info` lists them, their ranges and environment "
+       "variables")
       ->type_name("NAME=VALUE")
       ->allow_extra_args(false);
   add(b, "--threads", o.threads, count(1, kMaxThreads), "Progress threads per engine")

@@ -36,17 +36,11 @@ struct BenchOptions {
   bool json = false;
   std::string secret;
   // Unset: the engine's default (ferry::Config).
-  std::optional<int> streams;
-  std::optional<int> qps;
-  std::optional<bool> cross_memory;  // shm: process_vm_readv between the two processes
-  std::optional<bool> metrics;       // Config::metrics
+  std::optional<bool> metrics;  // Config::metrics
   std::optional<uint64_t> slice_bytes;
   std::optional<uint64_t> stripe_bytes;
-  std::optional<uint64_t> eager_bytes;
-  std::optional<uint64_t> ring_copies;  // ShmConfig::ring_copies_up_to
-  std::optional<bool> measure_paths;    // ShmConfig::measure_paths
-  std::optional<int> stream_poll_us;    // ShmConfig::stream_poll
-  // --set NAME=VALUE: any transport setting (Engine::settings), in order, after the flags above.
+  // Transport settings (Engine::settings), from --set NAME=VALUE and each one's own flag
+  // (--tcp.streams 4), in order, after the flags above.
   std::vector<std::pair<std::string, std::string>> settings;
   int threads = 1;
   std::optional<int> busy_poll_us;
