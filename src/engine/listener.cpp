@@ -26,8 +26,6 @@ constexpr int kAcceptBurst = 32;
 // failing; the pending connection would otherwise wake the thread again at once.
 constexpr Duration kAcceptBackoffMin = std::chrono::milliseconds(10);
 constexpr Duration kAcceptBackoffMax = std::chrono::seconds(1);
-// Bytes read per recv(): a control frame body is at most core::kMaxControlPayload.
-constexpr std::size_t kReadChunk = 1024;
 constexpr uint64_t kWakeId = 0;
 constexpr uint64_t kSocketId = 1;
 
@@ -57,9 +55,7 @@ struct Listener::Handshake {
   Clock::time_point deadline;
   Stage stage = Stage::kFirst;
   bool watching_out = false;
-  std::vector<uint8_t> in;  // the frame being read; grows only with bytes that arrived
-  std::vector<uint8_t> out;
-  std::size_t out_done = 0;
+  HandshakeIo io;
   engine::Hello hello;
   engine::HelloAck ack;
   engine::Join join;
@@ -173,6 +169,7 @@ void Listener::admit(core::Fd fd, Clock::time_point now) {
   auto h = std::make_unique<Handshake>();
   h->sock = fd.get();
   h->fd = std::move(fd);
+  h->io = HandshakeIo(h->sock);
   h->source = remote.host;
   h->address = remote.to_string();
   h->deadline = now + config.connect_timeout;
@@ -237,7 +234,7 @@ void Listener::on_ready(Handshake& h, uint32_t events) {
   Status s;
   if (events & EPOLLOUT) s = flush(h);
   if (s.ok() && h.stage == Handshake::Stage::kHandOver) {
-    if (h.out_done == h.out.size()) hand_over(h);
+    if (!h.io.sending()) hand_over(h);
     return;
   }
   if (s.ok() && (events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
@@ -246,7 +243,7 @@ void Listener::on_ready(Handshake& h, uint32_t events) {
     while (s.ok() && progressed && h.stage != Handshake::Stage::kHandOver) {
       s = read_frame(h, progressed);
     }
-    if (s.ok() && h.stage == Handshake::Stage::kHandOver && h.out_done == h.out.size()) {
+    if (s.ok() && h.stage == Handshake::Stage::kHandOver && !h.io.sending()) {
       hand_over(h);
       return;
     }
@@ -255,36 +252,9 @@ void Listener::on_ready(Handshake& h, uint32_t events) {
 }
 
 Status Listener::read_frame(Handshake& h, bool& progressed) {
-  progressed = false;
-  std::size_t want = core::kFrameHeaderSize;
   FrameHeader header;
-  if (h.in.size() >= core::kFrameHeaderSize) {
-    if (Status s = core::decode_header(h.in.data(), header); !s.ok()) return s;
-    want += header.length;
-  }
-  if (h.in.size() < want) {
-    uint8_t chunk[kReadChunk];
-    std::size_t ask = std::min(want - h.in.size(), sizeof chunk);
-    ssize_t n = ::recv(h.sock, chunk, ask, MSG_DONTWAIT);
-    if (n == 0) return {ErrorCode::kPeerLost, "connection closed during the handshake"};
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
-      return core::sys_status("recv during the handshake", errno, ErrorCode::kPeerLost);
-    }
-    h.in.insert(h.in.end(), chunk, chunk + n);
-    progressed = true;
-    if (h.in.size() == core::kFrameHeaderSize) {
-      if (Status s = core::decode_header(h.in.data(), header); !s.ok()) return s;
-      if (!core::is_control(header.type)) {
-        return {ErrorCode::kProtocol, "expected a control frame, got type " +
-                                          std::to_string(static_cast<int>(header.type))};
-      }
-      want += header.length;
-    }
-    if (h.in.size() < want) return {};
-  }
-  std::vector<uint8_t> frame = std::move(h.in);
-  h.in.clear();
+  std::vector<uint8_t> frame;
+  if (Status s = h.io.read(progressed, header, frame); !s.ok() || frame.empty()) return s;
   return step(h, header, std::span(frame).subspan(core::kFrameHeaderSize));
 }
 
@@ -388,33 +358,22 @@ Status Listener::on_join(Handshake& h, std::span<const uint8_t> body) {
 
 Status Listener::finish_replies(Handshake& h) {
   h.stage = Handshake::Stage::kHandOver;
-  if (!h.out.empty()) watch(h);  // waits for the socket to take the rest, reading nothing
+  if (h.io.sending()) watch(h);  // waits for the socket to take the rest, reading nothing
   return {};
 }
 
 Status Listener::queue(Handshake& h, const std::vector<uint8_t>& frame) {
-  h.out.insert(h.out.end(), frame.begin(), frame.end());
-  return flush(h);
+  if (Status s = h.io.queue(frame); !s.ok()) return s;
+  return watch_sending(h);
 }
 
 Status Listener::flush(Handshake& h) {
-  while (h.out_done < h.out.size()) {
-    ssize_t n = ::send(h.sock, h.out.data() + h.out_done, h.out.size() - h.out_done,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        return core::sys_status("send during the handshake", errno, ErrorCode::kPeerLost);
-      }
-      break;
-    }
-    h.out_done += static_cast<std::size_t>(n);
-  }
-  if (h.out_done == h.out.size()) {
-    h.out.clear();
-    h.out_done = 0;
-  }
-  bool want_out = !h.out.empty();
+  if (Status s = h.io.flush(); !s.ok()) return s;
+  return watch_sending(h);
+}
+
+Status Listener::watch_sending(Handshake& h) {
+  bool want_out = h.io.sending();
   if (want_out != h.watching_out) {
     h.watching_out = want_out;
     watch(h);
@@ -455,7 +414,7 @@ void Listener::fail(Handshake& h, const Status& why) {
   }
   // Forgotten before the refusal goes out, so a client reading it sees the counts updated.
   int sock = h.sock;
-  bool reply = h.out.empty();     // else a reply is half sent: an error frame would garble it
+  bool reply = h.io.idle();       // else a reply is half sent: an error frame would garble it
   core::Fd fd = std::move(h.fd);  // closed on return, after the refusal
   // A peer this handshake created owns the control connection; closing it closes that. A
   // stream's peer belongs to another connection: only the stream goes.

@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "core/net.hpp"
 #include "engine/handshake.hpp"
+#include "engine/handshake_io.hpp"
 #include "ferry/ferry.hpp"
 
 namespace ferry::detail {
@@ -102,6 +103,8 @@ class Listener {
   // Queues bytes and sends what the socket takes now.
   Status queue(Handshake& h, const std::vector<uint8_t>& frame);
   Status flush(Handshake& h);
+  // Watches the socket for room while bytes wait to be sent, and stops once they are out.
+  Status watch_sending(Handshake& h);
   // The last reply is queued: once it is out the connection leaves.
   Status finish_replies(Handshake& h);
   // The last reply is out: the connection leaves the listener (to its peer, or as a stream).
