@@ -174,6 +174,29 @@ Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out) {
   return last;
 }
 
+Status start_connect_like(int like, Fd& out) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(like, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    return sys_status("getpeername", errno, ErrorCode::kPeerLost);
+  }
+  Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return sys_status("socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
+    return sys_status("connect " + peer_host_port(like).to_string(), errno,
+                      ErrorCode::kConnectFailed);
+  }
+  out = std::move(fd);
+  return {};
+}
+
+Status finish_connect(int fd, const std::string& where) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  return err == 0 ? Status() : sys_status("connect " + where, err, ErrorCode::kConnectFailed);
+}
+
 Status set_nonblocking(int fd, bool on) {
   int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0) return sys_status("fcntl F_GETFL");

@@ -56,6 +56,11 @@ std::vector<std::string> reachable_hosts(const std::string& listen_host);
 
 Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port);
 Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out);
+// Starts a non-blocking connect to the address and port the connected socket `like` reaches
+// (whatever name resolved to it): `out` is non-blocking, and finish_connect() says how it ended
+// once it polls writable.
+Status start_connect_like(int like, Fd& out);
+Status finish_connect(int fd, const std::string& where);
 Status set_nonblocking(int fd, bool on);
 // TCP_NODELAY, keepalive probes and TCP_USER_TIMEOUT so a silent peer is noticed in `timeout`.
 void tune_socket(int fd, std::chrono::nanoseconds timeout);

@@ -1,12 +1,18 @@
 // The client half of the handshake: EngineImpl::connect dials a listener, proves who it is,
-// sets up the channels both sides chose and joins their side connections. (The server half is
-// listener.cpp.)
+// sets up the channels both sides chose and joins their side connections. Like the server half
+// (listener.cpp) it never blocks on one socket: each step's frames go out and their answers
+// come back through HandshakeIo under one poll() with the connect deadline, several side
+// connections at once, and the engine's shutdown wakes it.
+#include <poll.h>
+
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "core/crypto.hpp"
 #include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
+#include "engine/handshake_io.hpp"
 
 namespace ferry::detail {
 
@@ -15,36 +21,113 @@ using core::FrameType;
 
 namespace {
 
-Status read_frame(int fd, core::Deadline deadline, FrameHeader& h, std::vector<uint8_t>& body) {
-  uint8_t raw[core::kFrameHeaderSize];
-  if (Status s = core::read_all(fd, raw, deadline); !s.ok()) return s;
-  if (Status s = core::decode_header(raw, h); !s.ok()) return s;
-  if (!core::is_control(h.type)) {
-    return {ErrorCode::kProtocol,
-            "expected a control frame, got type " + std::to_string(static_cast<int>(h.type))};
-  }
-  body.resize(h.length);
-  return core::read_all(fd, body, deadline);
-}
+// Side connections joining at once: a few round trips instead of one per connection, while a
+// client never holds more of the listener's handshake places than this (max_handshakes_per_source
+// is 32 by default; tcp.streams may be 64).
+constexpr std::size_t kJoinsInFlight = 8;
 
-Status write_frame(int fd, const std::vector<uint8_t>& frame, core::Deadline deadline) {
-  return core::write_all(fd, frame, deadline);
-}
+// One connection the dialer drives: the control connection, or a side connection joining.
+struct Link {
+  core::Fd fd;    // until it moves into the peer (control) or its channel (side)
+  int sock = -1;  // stays valid while `fd` or the peer holds the descriptor
+  HandshakeIo io;
+  bool connecting = false;     // its non-blocking connect() is under way
+  std::vector<uint8_t> reply;  // the whole answer (header and body), once it came
+};
 
-// Reads the reply to a handshake step: the wanted frame, or an Error frame turned into a Status.
-Status expect(int fd, core::Deadline deadline, FrameType want, std::vector<uint8_t>& body) {
-  FrameHeader h;
-  if (Status s = read_frame(fd, deadline, h, body); !s.ok()) return s;
-  if (h.type == FrameType::kError) {
-    engine::ErrorMsg e;
-    if (Status s = engine::decode(body, e); !s.ok()) return s;
-    return {e.code, "peer refused: " + e.message};
+// Runs handshake steps on links: each sends what it queued and takes one answer.
+class Dialer {
+ public:
+  Dialer(std::string where, core::Deadline deadline, int cancel)
+      : where_(std::move(where)), deadline_(deadline), cancel_(cancel) {}
+
+  // Sends what each link of `links` queued and waits until every one answered with a whole
+  // frame, which must be `want` (an ERROR frame is the peer's refusal); the body of link i's
+  // answer is then body_of(*links[i]).
+  Status exchange(std::span<Link* const> links, FrameType want) {
+    for (Link* l : links) l->reply.clear();
+    std::vector<Link*> answered;
+    for (std::size_t done = 0; done < links.size(); done += answered.size()) {
+      if (Status s = answers(links, want, answered); !s.ok()) return s;
+    }
+    return {};
   }
-  if (h.type != want) {
-    return {ErrorCode::kProtocol,
-            "handshake: unexpected frame type " + std::to_string(static_cast<int>(h.type))};
+
+  // As exchange(), but returns as soon as one or more of the links still waiting answered:
+  // those, in `answered`.
+  Status answers(std::span<Link* const> links, FrameType want, std::vector<Link*>& answered) {
+    answered.clear();
+    std::vector<pollfd> polled;
+    std::vector<Link*> waiting;
+    while (answered.empty()) {
+      polled.clear();
+      waiting.clear();
+      for (Link* l : links) {
+        if (!l->reply.empty()) continue;
+        short events = POLLIN;
+        if (l->connecting || l->io.sending()) events |= POLLOUT;
+        polled.push_back({l->sock, events, 0});
+        waiting.push_back(l);
+      }
+      if (waiting.empty()) return {};
+      polled.push_back({cancel_, POLLIN, 0});
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+      if (left <= 0) return {ErrorCode::kTimeout, "handshake: timed out"};
+      int n =
+          ::poll(polled.data(), polled.size(), static_cast<int>(std::min<int64_t>(left, 60'000)));
+      if (n < 0 && errno != EINTR) return core::sys_status("poll");
+      if (polled.back().revents != 0) return {ErrorCode::kCancelled, "engine shut down"};
+      for (std::size_t i = 0; n > 0 && i < waiting.size(); ++i) {
+        if (polled[i].revents == 0) continue;
+        Link& l = *waiting[i];
+        if (Status s = advance(l, polled[i].revents); !s.ok()) return s;
+        if (l.reply.empty()) continue;
+        if (Status s = check(l, want); !s.ok()) return s;
+        answered.push_back(&l);
+      }
+    }
+    return {};
   }
-  return {};
+
+ private:
+  Status advance(Link& l, short revents) {
+    if (l.connecting) {
+      if ((revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return {};
+      if (Status s = core::finish_connect(l.sock, where_); !s.ok()) return s;
+      l.connecting = false;
+    }
+    if (Status s = l.io.flush(); !s.ok()) return s;
+    if ((revents & (POLLIN | POLLERR | POLLHUP)) == 0) return {};
+    FrameHeader header;
+    for (bool progressed = true; progressed && l.reply.empty();) {
+      if (Status s = l.io.read(progressed, header, l.reply); !s.ok()) return s;
+    }
+    return {};
+  }
+
+  static Status check(const Link& l, FrameType want) {
+    FrameHeader h;
+    if (Status s = core::decode_header(l.reply.data(), h); !s.ok()) return s;
+    auto body = std::span(l.reply).subspan(core::kFrameHeaderSize);
+    if (h.type == FrameType::kError) {
+      engine::ErrorMsg e;
+      if (Status s = engine::decode(body, e); !s.ok()) return s;
+      return {e.code, "peer refused: " + e.message};
+    }
+    if (h.type != want) {
+      return {ErrorCode::kProtocol,
+              "handshake: unexpected frame type " + std::to_string(static_cast<int>(h.type))};
+    }
+    return {};
+  }
+
+  const std::string where_;
+  const core::Deadline deadline_;
+  const int cancel_;
+};
+
+std::span<const uint8_t> body_of(const Link& l) {
+  return std::span(l.reply).subspan(core::kFrameHeaderSize);
 }
 
 }  // namespace
@@ -61,10 +144,18 @@ Peer EngineImpl::connect(std::string_view host_port) {
                       " peers connected (max_peers " + std::to_string(config.max_peers) + ")");
     }
   }
+  auto fail = [&](const Status& s, const std::string& step = {}) {
+    throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
+  };
   core::Deadline deadline = Clock::now() + config.connect_timeout;
-  core::Fd fd;
-  core::throw_if_error(core::connect_tcp(where, deadline, fd));
-  core::tune_socket(fd.get(), config.peer_timeout);
+  Dialer dialer(where.to_string(), deadline, connect_cancel_.get());
+  Link control;
+  core::throw_if_error(core::connect_tcp(where, deadline, control.fd));
+  core::tune_socket(control.fd.get(), config.peer_timeout);
+  core::throw_if_error(core::set_nonblocking(control.fd.get(), true));
+  control.sock = control.fd.get();
+  control.io = HandshakeIo(control.sock);
+  Link* const just_control[] = {&control};
 
   engine::Hello hello;
   hello.engine_id = id;
@@ -73,36 +164,34 @@ Peer EngineImpl::connect(std::string_view host_port) {
   hello.transports = usable_transports();
   core::random_bytes(hello.nonce);
   hello.wants_auth = !config.secret.empty();
-  core::throw_if_error(write_frame(fd.get(), engine::encode(hello), deadline));
-
-  std::vector<uint8_t> body;
-  core::throw_if_error(expect(fd.get(), deadline, FrameType::kHelloAck, body));
+  Status s = control.io.queue(engine::encode(hello));
+  if (s.ok()) s = dialer.exchange(just_control, FrameType::kHelloAck);
+  if (!s.ok()) fail(s);
   engine::HelloAck ack;
-  core::throw_if_error(engine::decode(body, ack));
+  if (s = engine::decode(body_of(control), ack); !s.ok()) fail(s);
   const engine::Identity us{id, incarnation, locality},
       them{ack.engine_id, ack.incarnation, ack.locality};
-  auto fail = [&](const Status& s, const std::string& step = {}) {
-    throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
-  };
   if (!config.secret.empty()) {
     engine::Transcript t{hello.nonce, ack.nonce, us, them, hello.transports, ack.channels};
     if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, t))) {
       fail({ErrorCode::kAuthFailed, "peer did not prove knowledge of the shared secret"});
     }
-    engine::Auth auth{engine::auth_mac(config.secret, false, t)};
-    core::throw_if_error(write_frame(fd.get(), engine::encode(auth), deadline));
-    core::throw_if_error(expect(fd.get(), deadline, FrameType::kAuthOk, body));
+    s = control.io.queue(engine::encode(engine::Auth{engine::auth_mac(config.secret, false, t)}));
+    if (s.ok()) s = dialer.exchange(just_control, FrameType::kAuthOk);
+    if (!s.ok()) fail(s);
   } else if (ack.mac) {
     fail({ErrorCode::kAuthFailed, "peer requires a shared secret"});
   }
 
-  int control = fd.get();
-  auto peer = PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(fd));
+  // The peer owns the control connection from here (start_control() watches it, non-blocking).
+  int control_fd = control.sock;
+  auto peer =
+      PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(control.fd));
   // Our addresses first, then the listener's: its own decide what both share (TCP streams).
-  Status s = make_channels(peer, ack.channels, true);
-  if (s.ok()) s = write_frame(control, channel_addresses(*peer), deadline);
-  if (s.ok()) s = expect(control, deadline, FrameType::kChannelAddresses, body);
-  if (s.ok()) s = connect_channels(*peer, body);
+  s = make_channels(peer, ack.channels, true);
+  if (s.ok()) s = control.io.queue(channel_addresses(*peer));
+  if (s.ok()) s = dialer.exchange(just_control, FrameType::kChannelAddresses);
+  if (s.ok()) s = connect_channels(*peer, body_of(control));
   if (!s.ok()) {
     peer->close(s);
     fail(s);
@@ -123,26 +212,51 @@ Peer EngineImpl::connect(std::string_view host_port) {
     Listed(const Listed&) = delete;
     Listed& operator=(const Listed&) = delete;
   } listed(*this, peer);
+  // The side connections of every channel, kJoinsInFlight at a time: connected, JOIN sent,
+  // and each handed to its channel as its JOIN_OK comes.
+  struct Side {
+    transport::Channel* channel;
+    int index;
+  };
+  std::vector<Side> sides;
   for (const auto& channel : peer->channels.all()) {
-    for (int i = 0; i < channel->side_connections(); ++i) {
-      core::Fd side;
-      s = core::connect_tcp(where, deadline, side);
-      if (s.ok()) {
-        core::tune_socket(side.get(), config.peer_timeout);
-        engine::Join join;
-        join.token = ack.token;
-        join.kind = channel->kind();
-        join.index = static_cast<uint16_t>(i);
-        s = write_frame(side.get(), engine::encode(join), deadline);
-      }
-      if (s.ok()) s = expect(side.get(), deadline, FrameType::kJoinOk, body);
-      if (s.ok()) s = channel->attach_side(i, std::move(side));
-      if (!s.ok()) {
-        peer->close(s);
-        fail(s,
-             std::string(to_string(channel->kind())) + " connection " + std::to_string(i) + ": ");
-      }
+    for (int i = 0; i < channel->side_connections(); ++i) sides.push_back({channel.get(), i});
+  }
+  std::vector<Link> links(sides.size());
+  std::vector<Link*> in_flight, answered;
+  std::string step = "side connections: ";
+  for (std::size_t next = 0, attached = 0; s.ok() && attached < sides.size();) {
+    for (; s.ok() && next < sides.size() && in_flight.size() < kJoinsInFlight; ++next) {
+      Link& l = links[next];
+      s = core::start_connect_like(control_fd, l.fd);
+      if (!s.ok()) break;
+      core::tune_socket(l.fd.get(), config.peer_timeout);
+      l.connecting = true;
+      l.sock = l.fd.get();
+      l.io = HandshakeIo(l.sock);
+      engine::Join join;
+      join.token = ack.token;
+      join.kind = sides[next].channel->kind();
+      join.index = static_cast<uint16_t>(sides[next].index);
+      s = l.io.queue(engine::encode(join));  // sent once connected, if the socket is not yet
+      in_flight.push_back(&l);
     }
+    if (s.ok()) s = dialer.answers(in_flight, FrameType::kJoinOk, answered);
+    for (Link* l : answered) {
+      if (!s.ok()) break;
+      const Side& side = sides[static_cast<std::size_t>(l - links.data())];
+      s = side.channel->attach_side(side.index, std::move(l->fd));
+      if (!s.ok()) {
+        step = std::string(to_string(side.channel->kind())) + " connection " +
+               std::to_string(side.index) + ": ";
+      }
+      std::erase(in_flight, l);
+      ++attached;
+    }
+  }
+  if (!s.ok()) {
+    peer->close(s);
+    fail(s, step);
   }
   plan_routes(*peer);  // every channel is set up and knows whether it can carry
   peer->start_control();

@@ -1,6 +1,8 @@
 #include "engine/engine_impl.hpp"
 
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -89,6 +91,8 @@ EngineImpl::EngineImpl(const Config& cfg)
       advertised.push_back(core::HostPort{std::move(host), port}.to_string());
   }
   listener_ = std::make_unique<Listener>(*this, std::move(socket));
+  connect_cancel_ = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!connect_cancel_.valid()) throw Error(core::sys_status("eventfd"));
 }
 
 EngineImpl::~EngineImpl() {
@@ -647,6 +651,8 @@ void EngineImpl::housekeeping() {
 
 void EngineImpl::shutdown() {
   if (stopping_.exchange(true)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t woke = ::write(connect_cancel_.get(), &one, sizeof one);
   listener_->stop();
   if (liveness_) liveness_->stop();
 

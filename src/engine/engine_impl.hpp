@@ -175,6 +175,8 @@ class EngineImpl final : public transport::Host,
   core::Teardown teardown_;
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<core::Periodic> liveness_;  // runs housekeeping(); from start()
+  // Readable once shutdown() began: it wakes every connect() under way (dialer.cpp).
+  core::Fd connect_cancel_;
   std::atomic<bool> stopping_{false};
 
   mutable std::mutex mu_;  // peers, joining, accept queue

@@ -156,9 +156,11 @@ TEST(Hostile, AFullHandshakeTableEvictsTheHeaviestSource) {
   ASSERT_TRUE(eventually([&] { return server.stats().pending_handshakes == 16; }));
   expect_legitimate_peer_served(server);
   // The legitimate client's control connection found the table full and evicted the oldest
-  // silent one; its streams then found a free place.
+  // silent one; its two streams, joining at once, found that place and perhaps, if the first
+  // had not left yet, evicted the next oldest.
   silent[0]->expect_refusal(ErrorCode::kResourceExhausted);
-  EXPECT_EQ(server.stats().pending_handshakes, 15u);
+  uint64_t pending = server.stats().pending_handshakes;
+  EXPECT_TRUE(pending == 15u || pending == 14u) << pending;
 }
 
 TEST(Hostile, SlowHandshakesTimeOutOnTheirOwnDeadline) {

@@ -1,0 +1,83 @@
+// The client half of the handshake (src/engine/dialer.cpp): it waits on no socket past the
+// connect deadline, and the engine's shutdown wakes it.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <string>
+
+#include "support/pair.hpp"
+
+namespace ferry::test {
+namespace {
+
+// A listening socket nobody answers on: connections complete in the kernel's backlog and hear
+// nothing, as from a listener that hung.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~SilentListener() { ::close(fd_); }
+  const std::string& address() const { return address_; }
+  // Takes the next connection off the backlog (and keeps it open, saying nothing).
+  int take() { return taken_ = ::accept(fd_, nullptr, nullptr); }
+
+ private:
+  int fd_ = -1;
+  int taken_ = -1;
+  std::string address_;
+};
+
+TEST(Dialer, ASilentListenerTimesOutNamingWhereAndWhy) {
+  SilentListener silent;
+  Config c = test_config();
+  c.listen = false;
+  c.connect_timeout = std::chrono::milliseconds(300);
+  Engine e(c);
+  try {
+    e.connect(silent.address());
+    FAIL() << "connected to a listener that said nothing";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kTimeout) << err.what();
+    EXPECT_NE(std::string(err.what()).find("connect " + silent.address() + ": handshake"),
+              std::string::npos)
+        << err.what();
+  }
+  EXPECT_EQ(e.stats().peers, 0u);
+}
+
+TEST(Dialer, ShutdownWakesAConnectWaitingForItsAnswer) {
+  SilentListener silent;
+  Config c = test_config();
+  c.listen = false;
+  c.connect_timeout = std::chrono::hours(1);  // only shutdown can end the wait
+  Engine e(c);
+  auto connecting = std::async(std::launch::async, [&] {
+    try {
+      e.connect(silent.address());
+      return Status();
+    } catch (const Error& err) {
+      return err.status();
+    }
+  });
+  ASSERT_GE(silent.take(), 0);  // its HELLO is on the way: it waits for the answer
+  e.shutdown();
+  Status s = connecting.get();
+  EXPECT_EQ(s.code(), ErrorCode::kCancelled) << s.to_string();
+  EXPECT_NE(s.message().find("engine shut down"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace ferry::test
