@@ -32,16 +32,17 @@ constexpr int kMaxLanes = 64;
 
 // TCP's settings (Config::tcp); docs/performance.md has the measurements behind each default.
 struct TcpConfig {
-  // Sockets per peer (1..kMaxLanes): 2 beat 1 by ~25% at 64 MiB on loopback; 4 gained
-  // nothing more.
+  // Sockets per peer (1..kMaxLanes): 2 beat 1 at 64 MiB on loopback; 4 gained nothing more
+  // (docs/performance.md, "Settings and the measurements behind them").
   int streams = 2;
   // Unacknowledged slices per socket: bounds the target's response queue.
   int slices_in_flight_per_stream = 64;
   // A send() above this is announced first and its bytes sent once the receiver's receive
   // takes it, straight into that receive: the receiver buffers no message larger than this.
   // Smaller ones go at once (buffered if no receive waits). The announcement costs a round
-  // trip: on loopback, announced messages reached 0.65x the eager bandwidth at 256 KiB, 0.75x
-  // at 1 MiB, 0.9-1x at 4 MiB (docs/performance.md).
+  // trip: on loopback, announced messages moved clearly less than eager ones at 256 KiB and
+  // 1 MiB, about as much at 4 MiB (docs/performance.md, "Settings and the measurements behind
+  // them").
   std::size_t eager_bytes = 1 << 20;
 };
 
@@ -71,34 +72,34 @@ struct ShmConfig {
   // rings in pieces of 32 KiB (two copies), and messages take the next transport.
   bool cross_memory = true;
   // Threads besides the progress thread that split one large copy (from 1 MiB) into parts
-  // copied at once. Measured on a 2-core VM at 64 MiB: one process_vm_readv stream 6.5 GB/s,
-  // two 9.5-10.4, three or four no more (bench/compare_shm.sh, docs/performance.md); 0 - 16.
+  // copied at once. Measured on a 2-core VM at 64 MiB: two process_vm_readv streams moved well
+  // more than one, three or four no more than two (docs/performance.md, "Settings and the
+  // measurements behind them"); 0 - 16.
   int copy_threads = 1;
   // Writes of 256 KiB up to this many bytes in all, and messages of that size up to 2 MiB,
   // may travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once;
-  // which of them do: measure_paths) instead of one process_vm_readv, which moved them 1.3-2.5x
-  // slower on a 2-core VM (docs/performance.md, "mid-size writes through the rings"). Below 256 KiB
-  // (0 included) none do: then only slices of 32 KiB or less ride in the rings. The initiating
-  // (sending) engine's setting counts. Where caches or the kernel's page walks differ, `ferry bench
-  // --transport shm
-  // --ring-copies` finds the crossover. 2 -> 16 MiB, with stream_poll below, 8 in flight from
-  // one area: 16 MiB writes 11-13 -> 15-19 GB/s; one at a time, 8-16 MiB 13-16 -> 17-32.
-  // Messages stay at 2 MiB: one that finds no receive posted would be buffered whole.
+  // which of them do: measure_paths) instead of one process_vm_readv, which moved them slower on
+  // a 2-core VM (docs/performance.md, "Real bytes on both sides, and mid-size writes through the
+  // rings"). Below 256 KiB (0 included) none do: then only slices of 32 KiB or less ride in the
+  // rings. The initiating (sending) engine's setting counts. Where caches or the kernel's page
+  // walks differ, `ferry bench --transport shm --ring-copies` finds the crossover. 2 -> 16 MiB,
+  // with stream_poll below, moved 16 MiB writes faster, 8 in flight from one area and one at a
+  // time, and 8 MiB ones too (docs/performance.md, "Streams through the rings"). Messages stay
+  // at 2 MiB: one that finds no receive posted would be buffered whole.
   uint64_t ring_copies_up_to = 16 << 20;
   // Writes of that window, and messages of its part up to 2 MiB, take, each, the way that
   // moved writes (or messages) of their size faster lately: through the rings, or pulled by the
   // target with process_vm_readv (a run of 8 in 256 tries the other way). Which is faster
-  // depends on the host's caches and page walks: 1 MiB writes, 8 in flight, moved 20-22 GB/s
-  // through the rings against 8-9 pulled on one 2-core VM, 8.5-9.8 against 10-11 on another
-  // (docs/performance.md, "Each transfer the faster way"). false: all of them go through the
-  // rings.
+  // depends on the host's caches and page walks: 1 MiB writes, 8 in flight, moved well ahead
+  // through the rings on one 2-core VM and behind pulls on another (docs/performance.md, "Each
+  // transfer the faster way"). false: all of them go through the rings.
   bool measure_paths = true;
   // While a transfer streams through the rings (a piece of 16 KiB or more just taken), the
   // progress thread keeps polling them this long for the next piece before it sleeps. Without
-  // it the two sides took turns, each waking the other (about 24 us a wake-up on a 2-core VM):
-  // through the rings, 8 in flight from one area, 16 MiB messages moved 7.3-7.5 GB/s, with
-  // 20 us 18-21 GB/s; writes 12-19 -> 18-19 (0 vs 20 us, 3 interleaved rounds). Small records
-  // never start it. 0 turns it off; at most 1 s.
+  // it the two sides took turns, each waking the other: through the rings, 8 in flight from one
+  // area, 16 MiB messages moved far more with 20 us than without, and writes somewhat more
+  // (docs/performance.md, "Streams through the rings"). Small records never start it. 0 turns
+  // it off; at most 1 s.
   Duration stream_poll = std::chrono::microseconds(20);
 };
 
@@ -142,29 +143,30 @@ struct Config {
   uint64_t engine_id = 0;
 
   // Speed settings; docs/performance.md has the measurements behind each default.
-  // Large transfers are cut into slices of this size; 1-4 MiB were equal, 256 KiB ~10% slower.
+  // Large transfers are cut into slices of this size: 1-4 MiB moved as much, 256 KiB less
+  // (docs/performance.md, "Settings and the measurements behind them").
   std::size_t slice_bytes = 1 << 20;
   // Operations above this are spread over all lanes (sockets, queue pairs); smaller ones stay
   // on one, in turn.
   std::size_t stripe_threshold = 1 << 20;
   // Progress threads spin this long after work before sleeping (over verbs: keep polling the
   // completion queue; over shm: the rings, so a record needs no wake-up). 0 on few-core hosts:
-  // on 2 cores 50 us tripled the 8-byte TCP write latency (spinning threads starve the ones
-  // with work). Over shm on 2 cores, 20 us took 8-byte write, read and write_with_imm p50 from
-  // 2.5 to 0.6 us, but a ping-pong of registered memory, where both applications spin too, from
-  // 29 to 43 us.
+  // on 2 cores 50 us made the 8-byte TCP write latency several times worse (spinning threads
+  // starve the ones with work). Over shm on 2 cores, 20 us cut the p50 of 8-byte write, read and
+  // write_with_imm several-fold, but slowed a ping-pong of registered memory, where both
+  // applications spin too (docs/performance.md, "Settings and the measurements behind them").
   Duration busy_poll = std::chrono::microseconds(0);
   // Future::wait and Engine::next_imm spin this long before sleeping (polling the peers'
   // completion queues over verbs, their rings over shm), saving a thread wake-up on small
-  // operations: 8-byte write p50 on TCP loopback was 43 us with 0-20 us, 32 us with 50 us;
-  // 200 us only raised p99.
+  // operations: on TCP loopback 50 us lowered the 8-byte write p50 that 0-20 us left, and
+  // 200 us only raised p99 (docs/performance.md, "Settings and the measurements behind them").
   Duration wait_spin = std::chrono::microseconds(50);
 
   // Count every operation per peer and transport (Engine::metrics): a few stores to counters
-  // the thread owns and two readings of the CPU's cycle counter per operation (30-50 ns), about
-  // 10 KiB per channel. 8-byte write p50 on TCP: within 0.3 % of off. Over shm on a 2-core VM
-  // runs fell into a slower mode more often with it on (docs/performance.md, "Metrics"): turn it
-  // off where same-host latency is all that counts.
+  // the thread owns and two readings of the CPU's cycle counter per operation, about 10 KiB per
+  // channel. 8-byte write p50 on TCP: the same on or off. Over shm on a 2-core VM runs fell into
+  // a slower mode more often with it on (docs/performance.md, "Metrics on and off"): turn it off
+  // where same-host latency is all that counts.
   bool metrics = true;
 
   // A peer silent for this long is declared lost and its operations fail with kPeerLost.

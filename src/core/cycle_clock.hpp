@@ -1,8 +1,9 @@
 // The clock that times operations for metrics. Where the CPU has an invariant time-stamp
 // counter, a plain RDTSC: steady_clock reads the counter serialised (the VM's pvclock too),
 // which waits for the loads in flight, and at the end of a same-host write those are the peer's
-// ring lines: two readings per operation took the busy-polled 8-byte shm write p50 from 0.42 to
-// 0.60 us, the plain counter cost nothing measurable. Elsewhere, steady_clock.
+// ring lines: two readings per operation clearly slowed the busy-polled 8-byte shm write p50,
+// the plain counter cost nothing measurable (docs/performance.md, "Metrics on and off").
+// Elsewhere, steady_clock.
 #pragma once
 
 #include <chrono>

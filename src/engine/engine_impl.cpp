@@ -152,11 +152,11 @@ std::size_t EngineImpl::next_imms(std::span<ImmEvent> out, Duration timeout) {
   for (ImmEvent& e : out) e.peer = Peer();
   // Spins first, as Future::wait does: a notification that comes within Config::wait_spin then
   // costs no wake-up of this thread, nor a futex call on the progress thread delivering it.
-  // Frames of ferry emulate through a TCP ferry stream, end to end: p50 72 -> 56 us, p99 193 ->
-  // 135 us (bench/compare_stream.sh). The spin polls the peers' same-host rings and completion
+  // It lowered p50 and p99 of ferry emulate's frames through a TCP ferry stream, end to end
+  // (docs/performance.md, "Streaming"). The spin polls the peers' same-host rings and completion
   // queues itself, so their notifications need no progress thread woken either: a write_with_imm
-  // ping-pong between two processes of a 2-core VM, each side in next_imm, half round trip p50
-  // 15-47 -> 0.45-0.48 us over shm (ferry bench --op imm_pingpong, five interleaved pairs).
+  // ping-pong over shm, each side in next_imm, became many times faster (docs/performance.md,
+  // "Notifications taken by a polling next_imm, 32 KiB records, 2 MiB through the rings").
   Duration spin = std::min(timeout, config.wait_spin);
   if (spin.count() > 0 && !imms_waiting_.load(std::memory_order_acquire)) {
     std::shared_ptr<const PolledPools> polled;

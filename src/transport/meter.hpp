@@ -26,9 +26,9 @@ class ChannelMeter {
   // Why stripes, and why owned ones: a waiting caller and a progress thread both complete a
   // peer's operations (a same-host or verbs channel lets the caller poll), and a locked add on
   // a thread that has just written the peer's ring waits for those stores to leave its core.
-  // Busy-polled 8-byte shm write p50, 8 alternated runs: 0.44 us uncounted, 0.44 counted on
-  // owned stripes, 0.61 with every thread on one stripe of atomic adds
-  // (bench/compare_stream.sh; docs/performance.md, "Metrics").
+  // Busy-polled 8-byte shm write p50, alternated runs: counted on owned stripes as fast as
+  // uncounted, with every thread on one stripe of atomic adds clearly slower
+  // (bench/compare_stream.sh; docs/performance.md, "Metrics on and off").
   static constexpr int kStripes = MeterStripe::kOwnedStripes + 1;
 
   void posted(OperationKind kind) {

@@ -61,8 +61,9 @@ bool OpState::complete() {
   leases.clear();
   // An error's status was written under `mu`: taking it before `done` publishes the status.
   // Metrics count the op just after `done` when nobody sleeps on it or waits for a callback, so
-  // that a caller spinning on it goes on at once (counting first took the busy-polled 8-byte shm
-  // write p50 from 0.44 to 0.61 us); sleepers and callbacks see it counted.
+  // that a caller spinning on it goes on at once (counting first clearly slowed the busy-polled
+  // 8-byte shm write p50: docs/performance.md, "Metrics on and off"); sleepers and callbacks see
+  // it counted.
   bool locked_publish = watchers.load() != 0;
   if (!locked_publish) {
     done.store(true);

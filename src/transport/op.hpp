@@ -347,13 +347,13 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
   // A spin for an op of at least this many bytes lets other threads of its core run every
   // kPollsPerYield polls (sched_yield, which returns at once when none waits): such an op takes
   // tens of microseconds at least, and where cores are few the spinning waiter held one that
-  // the peer's copy threads needed. Same host, 2-core VM, 1 MiB writes 8 in flight, with pulls
-  // split in two (shm::kMinPartBytes), six interleaved rounds: 9.9-10.5 -> 9.9-14.7 GB/s
-  // (medians 10.2 -> 13.7); either change alone gave nothing. Yielding in every spin took the
-  // 8-byte notification ping-pong p50 from 0.5-1.1 to 2.8 us, so smaller ops do not. A
-  // receive counts by its capacity (a small message into a large buffer waits for a yield only
-  // after 64 polls, a few microseconds): 1 MiB messages pulled, 8 in flight, 8.6-11.6 -> 12.8-16.8
-  // GB/s once the receiver's waits yielded too (3 interleaved rounds).
+  // the peer's copy threads needed. Same host, 2-core VM: 1 MiB writes 8 in flight moved more
+  // with these yields and pulls split in two (shm::kMinPartBytes); either change alone gave
+  // nothing. Yielding in every spin made the 8-byte notification ping-pong several times slower,
+  // so smaller ops do not. A receive counts by its capacity (a small message into a large buffer
+  // waits for a yield only after 64 polls, a few microseconds): pulled 1 MiB messages, 8 in
+  // flight, moved more once the receiver's waits yielded too (docs/performance.md, "Each
+  // transfer the faster way").
   static constexpr uint64_t kYieldingSpinFrom = 256 << 10;
   static constexpr unsigned kPollsPerYield = 64;
   // The most pools one spin_any() polls: their frames live on its stack, and a spin over more

@@ -1,9 +1,9 @@
-// Threads that split one large copy into parts copied at once: one stream of process_vm_readv
-// moves about 6.5 GB/s here at 64 MiB, two streams about 10, and one memcpy thread 12.5 GB/s,
-// two 15-18 (docs/performance.md), as each part's page walk and copy runs on its own core. The
-// caller copies one part itself and waits for the rest; a part no helper took yet it takes back, so
-// a busy pool never makes it wait behind other channels' copies. Helpers start on first use and
-// sleep when idle, after a short spin (kCopySpin).
+// Threads that split one large copy into parts copied at once: at 64 MiB two process_vm_readv
+// streams move more than one, and two memcpy threads more than one (docs/performance.md,
+// "Settings and the measurements behind them"), as each part's page walk and copy runs on its
+// own core. The caller copies one part itself and waits for the rest; a part no helper took yet
+// it takes back, so a busy pool never makes it wait behind other channels' copies. Helpers start
+// on first use and sleep when idle, after a short spin (kCopySpin).
 #pragma once
 
 #include <sys/types.h>
@@ -24,27 +24,26 @@
 
 namespace ferry::transport::shm {
 
-// The least a part holds: below it, waking a helper (~10-50 us on this VM) costs more than it
-// saves. With parts from 256 KiB, 512 KiB reads (two parts) took 66-74 us at p50 one at a time
-// and moved 9.2-9.6 GB/s with 8 in flight; unsplit, 55 us and 12.5 GB/s (ferry bench
-// --transport shm --op read, 2026-11-25). From 512 KiB (1 MiB pulls in two parts), once helpers
-// spin between parts (kCopySpin) and large ops' waiters yield (OpPool::kYieldingSpinFrom), six
-// interleaved rounds: 1 MiB reads one at a time p50 103-123 -> 65-84 us, 1 MiB writes 8 in
-// flight 10.2 -> 13.7 GB/s (medians, 2026-11-27). A process_vm_readv stream moves ~6.5-13
-// GB/s; memcpy ~45 GB/s at 1 MiB, where a split made 1 MiB mapped writes fall from 41 to 25
-// GB/s, so memcpy splits only from 8 MiB up (16 MiB mapped writes then moved 1.5x one memcpy
-// thread, 64 MiB 1.4x).
+// The least a part holds: below it, waking a helper costs more than it saves. With parts from
+// 256 KiB, 512 KiB reads (two parts) were slower than unsplit ones, one at a time and 8 in
+// flight (docs/performance.md, "Real bytes on both sides, and mid-size writes through the
+// rings"). From 512 KiB (1 MiB pulls in two parts), once helpers spin between parts (kCopySpin)
+// and large ops' waiters yield (OpPool::kYieldingSpinFrom), 1 MiB reads one at a time and 1 MiB
+// writes 8 in flight were faster (docs/performance.md, "Each transfer the faster way"). memcpy
+// is several times faster than a process_vm_readv stream, and a split slowed 1 MiB mapped
+// writes, so memcpy splits only from 8 MiB up, where split copies beat one memcpy thread
+// (docs/performance.md, "Mapped regions, copy threads, and the comparison with memcpy and UCX").
 constexpr std::size_t kMinPartBytes = 512 << 10;
 constexpr std::size_t kMinMemcpyPartBytes = 4 << 20;
 // The most helpers an engine may ask for (ShmConfig::copy_threads).
 constexpr int kMaxCopyThreads = 16;
 // How long a helper that finished a part spins for the next before sleeping, and a caller that
 // finished its own part spins for the helpers' before sleeping. A large pull's records come one
-// after the other, each split anew, and waking a sleeping thread takes ~10-50 us here, twice a
-// record (8 MiB, ~0.7 ms). 64 MiB one at a time, six interleaved pairs without and with a 50 us
-// spin, medians: writes 12.1 -> 12.9 GB/s, reads 11.0 and 10.8 (no change); mapped 64 MiB and
-// 1 MiB x8 writes unchanged (ferry bench --transport shm, 2026-11-25). The spin costs a helper
-// at most this much CPU after each part of at least 1 MiB (~130 us of copying).
+// after the other, each split anew, and waking a sleeping thread twice a record cost a visible
+// share of the record's copy. With the spin, 64 MiB writes one at a time moved more; reads,
+// mapped 64 MiB copies and 1 MiB x8 writes did not change (docs/performance.md, "Copy threads
+// spin between a pull's records, and the host's ceiling"). The spin costs a helper at most this
+// much CPU after each part of at least 1 MiB, which takes longer than that to copy.
 constexpr std::chrono::microseconds kCopySpin{50};
 
 // One process_vm_readv of `n` pieces from `pid`, pairwise of equal lengths, `total` bytes.

@@ -3,11 +3,11 @@
 // path. Same-host writes of 256 KiB to 16 MiB, and messages to 2 MiB, either ride in the
 // shared-memory rings (two copies, one per side, at once) or are pulled by the target with
 // process_vm_readv (one copy, and a page walk per 4 KiB). Which is faster depends on the host:
-// 1 MiB writes, 8 in flight, moved 20-22 GB/s through the rings against 8-9 pulled on one 2-core
-// VM (2026-11-25); on another 8.5-9.8 against 10-11, 16 MiB writes 8-8.8 against 11.5-12.3,
-// 1 MiB messages 7.3-7.5 against 12.8-16.8 (2026-11-27, docs/performance.md). So the peer
-// measures both: per size class it keeps the rate each path moved lately and sends the next
-// write (or message: a chooser of their own) the faster way, trying the other way in runs.
+// on one 2-core VM the rings moved 1 MiB writes well ahead of pulls; on another pulls were ahead
+// for 1 and 16 MiB writes and 1 MiB messages (docs/performance.md, "Each transfer the faster
+// way"). So the peer measures both: per size class it keeps the rate each path moved lately and
+// sends the next write (or message: a chooser of their own) the faster way, trying the other way
+// in runs.
 #pragma once
 
 #include <array>

@@ -69,15 +69,16 @@ constexpr int kRequestsInFlight = 32;
 constexpr int kRecordsPerWake = 64;
 // Bytes a channel pulls per wake-up before it reads no more records, for the same reason: a
 // peer flooding large writes leaves other peers' small ones a turn after at most this much
-// copying plus one record's (kPullRecordBytes: about 1 ms here).
+// copying plus one record's (kPullRecordBytes).
 constexpr std::size_t kPullBytesPerWake = 1 << 20;
 // ShmConfig::stream_poll's ceiling: a progress thread that polls longer after each piece is a
 // busy-polling one (Config::busy_poll says so instead).
 constexpr std::chrono::nanoseconds kMaxStreamPoll = std::chrono::seconds(1);
 // Bytes of a write's large slices one record asks the target to pull: one process_vm_readv,
-// split over the copy threads. 64 MiB writes against one process_vm_readv stream here
-// (bench/compare_shm.sh): 1 MiB records (a slice) 0.94x, 4 MiB ~1.45x, 8 MiB 1.3-1.75x, 16 MiB
-// ~1.55x; a record holds the target's progress thread for its copy (~1 ms per 8 MiB here).
+// split over the copy threads. Against one process_vm_readv stream, 64 MiB writes fell behind in
+// 1 MiB records (a slice) and pulled well ahead in records of 4-16 MiB, 8 MiB among the best
+// (docs/performance.md, "Mapped regions, copy threads, and the comparison with memcpy and UCX").
+// A record holds the target's progress thread for its copy, so records are no larger.
 constexpr uint64_t kPullRecordBytes = 8 << 20;
 // Regions of one peer mapped at once (each costs a mapping and a file descriptor): the least
 // recently used one is given back to make room. The target lends no more than this either.

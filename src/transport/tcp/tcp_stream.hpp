@@ -42,8 +42,9 @@ constexpr std::size_t kDirectRecvMin = 16 << 10;
 // the staging buffer, or what the socket holds of one large payload)...
 constexpr int kRecvCallsPerEvent = 16;
 // ...and at most this many bytes (a large payload is received straight into its destination,
-// up to a slice per call): a peer flooding 8 MiB writes put 9.8 ms of p99 on another peer's
-// 8-byte writes with 16 calls of up to 1 MiB per wake-up on one progress thread.
+// up to a slice per call): with 16 calls of up to 1 MiB per wake-up on one progress thread, a
+// peer flooding 8 MiB writes held another peer's 8-byte writes at a p99 several times the one
+// they have with this budget (docs/performance.md, "Beside hostile peers").
 constexpr std::size_t kRecvBytesPerEvent = 1 << 20;
 // ...and this many frames. Frames left in the staging buffer are taken up by a task posted to
 // the loop, behind the other sockets' events.

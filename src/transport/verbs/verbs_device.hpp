@@ -42,8 +42,9 @@ class VerbsDevice final : public Transport {
   // Size of one receive buffer: a message header and up to 64 KiB + 16 of payload. Larger
   // messages go by rendezvous, so this bounds what one eager SEND or CHUNK carries. 64 KiB
   // messages go eager because a rendezvous costs RTS, CTS and FIN, each a packet plus its RC
-  // ACK: 64 KiB sends ran at 0.73-0.80x ib_send_bw that way (17 packets against 23), eager at
-  // the figures in docs/performance.md. The copy out of the slot costs less than those packets.
+  // ACK: 23 packets against ib_send_bw's 17, and 64 KiB sends fell behind it by about that much;
+  // eager, they came closer (docs/performance.md, "Sends at 64 KiB go eager"). The copy out of
+  // the slot costs less than those packets.
   static constexpr uint32_t kRecvSlotBytes = 65536 + 64;
   // The shared receive queue every queue pair of the device takes its receives from: messages
   // (SEND) and WRITE_WITH_IMM notifications of every peer. Each receive owns one slot of a
