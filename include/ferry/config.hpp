@@ -82,9 +82,9 @@ struct ShmConfig {
   // a 2-core VM (docs/performance.md, "Real bytes on both sides, and mid-size writes through the
   // rings"). Below 256 KiB (0 included) none do: then only slices of 32 KiB or less ride in the
   // rings. The initiating (sending) engine's setting counts. Where caches or the kernel's page
-  // walks differ, `ferry bench --transport shm --ring-copies` finds the crossover. 2 -> 16 MiB,
-  // with stream_poll below, moved 16 MiB writes faster, 8 in flight from one area and one at a
-  // time, and 8 MiB ones too (docs/performance.md, "Streams through the rings"). Messages stay
+  // walks differ, `ferry bench --transport shm --shm.ring_copies_up_to` finds the crossover. 2 ->
+  // 16 MiB, with stream_poll below, moved 16 MiB writes faster, 8 in flight from one area and one
+  // at a time, and 8 MiB ones too (docs/performance.md, "Streams through the rings"). Messages stay
   // at 2 MiB: one that finds no receive posted would be buffered whole.
   uint64_t ring_copies_up_to = 16 << 20;
   // Writes of that window, and messages of its part up to 2 MiB, take, each, the way that

@@ -29,8 +29,8 @@ const Setting kSettings[] = {
          "and the rings only"}),
     bound<&Config::shm, &ShmConfig::copy_threads>(
         {"copy_threads", SettingType::kCount,
-         "threads besides the progress thread that split a large copy: 2 streams moved "
-         "9.5-10.4 GB/s against one's 6.5 at 64 MiB (docs/performance.md)",
+         "threads besides the progress thread that split a large copy: two streams beat one "
+         "at 64 MiB, three or four did not (docs/performance.md, settings table)",
          0, shm::kMaxCopyThreads}),
     bound<&Config::shm, &ShmConfig::ring_copies_up_to>(
         {"ring_copies_up_to", SettingType::kBytes,

@@ -27,8 +27,8 @@ constexpr int64_t kMaxSlicesInFlight = 1 << 16;
 const Setting kSettings[] = {
     bound<&Config::tcp, &TcpConfig::streams>(
         {"streams", SettingType::kCount,
-         "sockets per peer: 2 beat 1 by ~25% at 64 MiB on loopback, 4 gained nothing more "
-         "(docs/performance.md)",
+         "sockets per peer: 2 beat 1 at 64 MiB on loopback, 4 gained nothing more "
+         "(docs/performance.md, settings table)",
          1, OpState::kMaxLanes}),
     bound<&Config::tcp, &TcpConfig::slices_in_flight_per_stream>(
         {"slices_in_flight_per_stream", SettingType::kCount,
