@@ -34,13 +34,37 @@ inline bool conformance_required(TransportKind kind) {
   return false;
 }
 
-// Several lanes and small slices, so that large operations are sliced and striped.
+// Several lanes and small slices, so that large operations are sliced and striped. A
+// transport whose key length is a setting (<transport>.key_bytes) runs with keys of 64 bytes,
+// a CUDA IPC handle's, which descriptors keep apart from the short ones.
 inline Config conformance_config(TransportKind kind) {
   Config c = test_config();
   c.transports = {kind};
   c.tcp.streams = 4;
   c.slice_bytes = 64 << 10;
+  std::string key_bytes = std::string(to_string(kind)) + ".key_bytes";
+  for (const SettingInfo& s : Engine::settings(c)) {
+    if (s.name == key_bytes) Engine::set(c, key_bytes, "64");
+  }
   return c;
+}
+
+// Flips a bit of the key `d` holds for `kind` on device 0, wherever the descriptor keeps it
+// (a long key is not among the inline ones).
+inline void forge_key(Descriptor& d, TransportKind kind) {
+  for (int i = 0; i < d.key_count; ++i) {
+    if (d.keys[i].transport == kind && d.keys[i].device == 0) {
+      d.keys[i].bytes[0] ^= 0x40;
+      return;
+    }
+  }
+  for (Descriptor::MoreKey& k : d.more_keys) {
+    if (k.transport == kind && k.device == 0) {
+      k.bytes[0] ^= 0x40;
+      return;
+    }
+  }
+  ADD_FAILURE() << "the descriptor has no key for " << to_string(kind);
 }
 
 // Expectations branch on what a transport can do (its registry entry), never on its name.

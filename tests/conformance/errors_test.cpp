@@ -73,7 +73,7 @@ TEST_P(ConformanceErrors, TargetValidatesEvenWhenTheDescriptorLies) {
   EXPECT_EQ(r.code(), ErrorCode::kPermissionDenied) << r.to_string();
 
   forged = desc;
-  forged.keys[0].bytes[0] ^= 1;
+  forge_key(forged, GetParam());
   EXPECT_EQ(write(forged, 0, 64).code(), ErrorCode::kWrongKey);
 
   forged = desc;

@@ -285,7 +285,7 @@ TEST_P(Conformance, WriteWithImmCallbackDeliversAndRefusedWritesNotifyNothing) {
   if (!nic_served()) {
     // (A NIC's refusal fails the queue pair with the write: Verbs.TheNicRefuses* tests it.)
     Descriptor forged = d;
-    forged.keys[0].bytes[1] ^= 0x40;
+    forge_key(forged, GetParam());
     Transfer bad{&local.region, 0, &forged, 0, 1 << 20};
     EXPECT_EQ(p.peer.write_with_imm({&bad, 1}, 1).wait(kWait).code(), ErrorCode::kWrongKey);
   }
