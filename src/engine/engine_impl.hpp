@@ -1,6 +1,7 @@
-// The engine: region registration, the transports it opened, admission of peers and the client
-// half of the handshake (the server half is listener.cpp), write_with_imm notifications and
-// shutdown. Operation planning is peer_impl.cpp's; a peer's liveness, peer_control.cpp's.
+// The engine: region registration, the transports it opened, admission of peers,
+// write_with_imm notifications and shutdown. The handshake's client half is dialer.cpp's, its
+// server half listener.cpp's; operation planning is peer_impl.cpp's; a peer's liveness,
+// peer_control.cpp's.
 #pragma once
 
 #include <atomic>
