@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "core/frame.hpp"
@@ -44,7 +45,10 @@ class Channel : public ::testing::Test {
     link = std::make_shared<transport::PeerLink>(7, max_unexpected_bytes, budget);
     transport::tcp::TcpOptions options;
     options.streams = 1;
-    channel = TcpChannel::create(host, link, options, [](const Status&) {});
+    channel = TcpChannel::create(host, link, options, [this](const Status& why) {
+      std::lock_guard lock(closed_mu);
+      closed_why = why;
+    });
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     peer = core::Fd(sv[1]);
@@ -91,7 +95,15 @@ class Channel : public ::testing::Test {
     return h;
   }
 
+  // Why the channel closed (set once it has).
+  Status why_closed() {
+    std::lock_guard lock(closed_mu);
+    return closed_why;
+  }
+
   TestHost host;
+  std::mutex closed_mu;
+  Status closed_why;
   std::shared_ptr<transport::UnexpectedBudget> budget;
   std::shared_ptr<transport::PeerLink> link;
   std::shared_ptr<TcpChannel> channel;
@@ -120,6 +132,22 @@ TEST_F(Channel, AnAnnouncedMessageIsAllocatedOnlyAsItsBytesArrive) {
   wait_for([&] { return channel->quiesced(); });
   EXPECT_EQ(link->matcher.usage().messages, 0u);
   EXPECT_EQ(budget->used(), 0u) << "the engine's budget is whole again";
+}
+
+// An announcement of a large message (no receive posted, so the matcher holds it) and a second
+// one of the same op id: a protocol error that closes the channel, not a second message.
+TEST_F(Channel, AMessageAnnouncedTwiceIsAProtocolError) {
+  open(64 << 20, 64 << 20);
+  core::FrameHeader h = message(3, 4 << 20);
+  h.flags = tcp::kFlagAnnounce;
+  send(frame(h));
+  wait_for([&] { return link->matcher.usage().messages == 1; });
+  send(frame(h));
+  wait_for([&] { return channel->closed(); });
+  wait_for([&] { return channel->quiesced(); });
+  Status why = why_closed();
+  EXPECT_EQ(why.code(), ErrorCode::kProtocol) << why.to_string();
+  EXPECT_NE(why.message().find("message 99 announced twice"), std::string::npos) << why.to_string();
 }
 
 // A large unmatched message sent in pieces arrives intact through every growth step, then

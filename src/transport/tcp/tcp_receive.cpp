@@ -496,7 +496,7 @@ struct Announced final : Rendezvous {
 }  // namespace
 
 Status TcpChannel::Stream::on_announce() {
-  if (announced.count(cur.op_id) != 0) {
+  if (announced.count(cur.op_id) != 0 || held.count(cur.op_id) != 0) {
     return {ErrorCode::kProtocol, "message " + std::to_string(cur.op_id) + " announced twice"};
   }
   auto message =
@@ -512,6 +512,8 @@ Status TcpChannel::Stream::on_announce() {
     respond(h, refused);
   } else if (recv != nullptr) {
     clear_to_send(cur.op_id, recv);
+  } else {
+    held.insert(cur.op_id);
   }
   return {};
 }
@@ -532,6 +534,7 @@ void TcpChannel::Stream::taken_later(const std::shared_ptr<Stream>& self, uint64
 }
 
 void TcpChannel::Stream::clear_to_send(uint64_t sender_op, OpState* recv) {
+  held.erase(sender_op);
   announced.emplace(sender_op, recv);
   FrameHeader h;
   h.type = TcpFrame::kSendCts;

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/frame.hpp"
@@ -178,6 +179,9 @@ struct TcpChannel::Stream final : core::Reactor::Handler {
   std::size_t wake_bytes = 0;  // received in this wake-up (kRecvBytesPerEvent)
   // Announced messages a receive took, by the sender's op id, until their bytes come.
   std::unordered_map<uint64_t, OpState*> announced;
+  // Announced messages still waiting in the matcher for a receive, by the sender's op id: as
+  // many as the matcher's unexpected-message limit lets it hold.
+  std::unordered_set<uint64_t> held;
   std::atomic<bool> resume_posted{false};  // a task to go on reading is queued on the loop
 
   // ---- send side: guarded by send_mu ----
