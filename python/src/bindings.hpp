@@ -18,6 +18,34 @@ namespace ferry::python {
 
 namespace nb = nanobind;
 
+// A wait is cut into slices so that a signal (Ctrl-C) interrupts it between two.
+constexpr Duration kSignalCheckInterval = std::chrono::milliseconds(100);
+
+// `timeout` from now, or the end of time where that would overflow.
+inline Clock::time_point deadline_after(Duration timeout) {
+  Clock::time_point now = Clock::now();
+  return timeout < Clock::time_point::max() - now ? now + timeout : Clock::time_point::max();
+}
+
+// Runs `done(slice)` without the GIL, slice by slice, until it returns true or `deadline`
+// passes (then false); between slices raises what a signal handler raised (KeyboardInterrupt),
+// so Ctrl-C ends a blocking call promptly.
+template <typename Done>
+bool wait_interruptibly(Clock::time_point deadline, Done done) {
+  for (;;) {
+    Duration slice = std::max<Duration>(
+        std::min<Duration>(kSignalCheckInterval, deadline - Clock::now()), Duration::zero());
+    bool finished;
+    {
+      nb::gil_scoped_release unlocked;
+      finished = done(slice);
+    }
+    if (finished) return true;
+    if (Clock::now() >= deadline) return false;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
 // Raises the exception class of `status.code()` (ferry.errors) with its message.
 [[noreturn]] void raise_status(const Status& status);
 void register_errors(nb::module_& m);

@@ -258,10 +258,10 @@ void bind_peers(nb::class_<PyEngine>& cls) {
           [](nb::handle self, double timeout) -> std::optional<nb::object> {
             auto& engine = nb::cast<PyEngine&>(self);
             std::optional<Peer> peer;
-            {
-              nb::gil_scoped_release unlocked;
-              peer = engine.get().accept(seconds(timeout, "timeout"));
-            }
+            wait_interruptibly(deadline_after(seconds(timeout, "timeout")), [&](Duration slice) {
+              peer = engine.get().accept(slice);
+              return peer.has_value();
+            });
             if (!peer) return std::nullopt;
             return nb::cast(new PyPeer{std::move(*peer), nb::borrow(self)},
                             nb::rv_policy::take_ownership);
@@ -275,9 +275,12 @@ void bind_notifications(nb::class_<PyEngine>& cls) {
   cls.def(
          "next_imm",
          [](PyEngine& e, double timeout) {
-           Duration t = seconds(timeout, "timeout");
-           nb::gil_scoped_release unlocked;
-           return e.get().next_imm(t);
+           std::optional<ImmEvent> event;
+           wait_interruptibly(deadline_after(seconds(timeout, "timeout")), [&](Duration slice) {
+             event = e.get().next_imm(slice);
+             return event.has_value();
+           });
+           return event;
          },
          "timeout"_a, "The next write_with_imm notification, or None after `timeout` seconds.")
       .def(

@@ -13,9 +13,6 @@ namespace {
 using namespace nb::literals;
 using namespace std::chrono_literals;
 
-// A wait is cut into slices so that a signal (Ctrl-C) interrupts it between two.
-constexpr Duration kSignalCheckInterval = 100ms;
-
 // Longer timeouts wait as long as None does (and stay clear of time_point overflow).
 constexpr double kForeverSeconds = 1e9;
 
@@ -27,17 +24,12 @@ Status wait_for(const PyFuture& f, std::optional<double> timeout) {
                       ? Clock::now() + std::chrono::duration_cast<Duration>(
                                            std::chrono::duration<double>(*timeout))
                       : Clock::time_point::max();
-  for (;;) {
-    Duration slice = std::min<Duration>(kSignalCheckInterval, deadline - Clock::now());
-    Status s;
-    {
-      nb::gil_scoped_release unlocked;
-      s = f.future.wait(std::max<Duration>(slice, Duration::zero()));
-    }
-    if (s.code() != ErrorCode::kTimeout || f.future.test()) return f.future.status();
-    if (Clock::now() >= deadline) return s;
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
-  }
+  Status s;
+  bool finished = wait_interruptibly(deadline, [&](Duration slice) {
+    s = f.future.wait(slice);
+    return s.code() != ErrorCode::kTimeout || f.future.test();
+  });
+  return finished ? f.future.status() : s;
 }
 
 }  // namespace

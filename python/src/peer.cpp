@@ -15,6 +15,25 @@ PyFuture* wrap(Future f, nb::handle peer, nb::object uses) {
 
 enum class OneSided { kWrite, kRead, kWriteImm };
 
+// The Region passed as `parameter` of `call`; anything else is a TypeError naming both (a
+// NumPy array or bytearray is registered first, with Engine.register).
+const PyRegion& region_argument(nb::handle obj, const char* call, const char* parameter) {
+  PyRegion* region = nullptr;
+  if (!nb::try_cast<PyRegion*>(obj, region, false) || region == nullptr) {
+    std::string given = nb::cast<std::string>(nb::str(obj.type().attr("__name__")));
+    throw nb::type_error((std::string(call) + "(): " + parameter +
+                          " must be a ferry.Region (Engine.register or Engine.allocate makes "
+                          "one), not " +
+                          given)
+                             .c_str());
+  }
+  return *region;
+}
+
+constexpr const char* name_of(OneSided kind) {
+  return kind == OneSided::kWrite ? "write" : kind == OneSided::kRead ? "read" : "write_with_imm";
+}
+
 // Runs a one-sided operation (or prepares it) with the GIL released while posting.
 template <typename Post>
 auto one_sided(nb::handle self, const PyRegion& local, nb::handle remote, nb::handle local_offset,
@@ -35,7 +54,7 @@ constexpr const char* kBatchDoc =
 template <OneSided kind>
 PyFuture* post_one_sided(nb::handle self, nb::handle local_obj, nb::handle remote, uint32_t imm,
                          nb::handle local_offset, nb::handle remote_offset, nb::handle length) {
-  const auto& local = nb::cast<const PyRegion&>(local_obj);
+  const PyRegion& local = region_argument(local_obj, name_of(kind), "local");
   Future f = one_sided(self, local, remote, local_offset, remote_offset, length, kind,
                        [&](const Peer& peer, std::span<const Transfer> batch) {
                          if constexpr (kind == OneSided::kWrite) return peer.write(batch);
@@ -49,7 +68,8 @@ template <OneSided kind>
 PyPrepared* prepare_one_sided(nb::handle self, nb::handle local_obj, nb::handle remote,
                               uint32_t imm, nb::handle local_offset, nb::handle remote_offset,
                               nb::handle length) {
-  const auto& local = nb::cast<const PyRegion&>(local_obj);
+  const std::string call = std::string("prepare_") + name_of(kind);
+  const PyRegion& local = region_argument(local_obj, call.c_str(), "local");
   Prepared p = one_sided(self, local, remote, local_offset, remote_offset, length, kind,
                          [&](const Peer& peer, std::span<const Transfer> batch) {
                            if constexpr (kind == OneSided::kWrite) return peer.prepare_write(batch);
@@ -68,7 +88,7 @@ uint64_t rest_of(const Region& r, uint64_t offset, nb::handle length) {
 template <bool receive>
 PyFuture* message(nb::handle self, uint64_t tag, nb::handle region_obj, uint64_t offset,
                   nb::handle length) {
-  const auto& region = nb::cast<const PyRegion&>(region_obj);
+  const PyRegion& region = region_argument(region_obj, receive ? "recv" : "send", "region");
   const Region& r = region.get();
   if (receive && region.read_only)
     throw Error(ErrorCode::kInvalidArgument, "recv: the region is read-only");

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import socket
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -189,3 +193,49 @@ def test_read_only_memory_cannot_receive(pair):
         pair.peer.recv(1, source)
     remote_w = pair.target.register(np.zeros(8, np.uint8), access=ferry.Access.REMOTE_WRITE)
     pair.peer.write(source, remote_w.descriptor()).wait(WAIT)  # as a source it is fine
+
+
+def test_memory_where_a_region_goes_is_a_type_error_naming_the_parameter(pair):
+    remote = pair.target.register(np.zeros(64, np.uint8), access=ferry.Access.REMOTE_READ_WRITE)
+    d = remote.descriptor()
+    for raw in (np.zeros(64, np.uint8), bytearray(64)):
+        calls = {
+            "write": lambda: pair.peer.write(raw, d),
+            "read": lambda: pair.peer.read(raw, d),
+            "write_with_imm": lambda: pair.peer.write_with_imm(raw, d, 1),
+            "prepare_write": lambda: pair.peer.prepare_write(raw, d),
+            "prepare_read": lambda: pair.peer.prepare_read(raw, d),
+            "prepare_write_with_imm": lambda: pair.peer.prepare_write_with_imm(raw, d, 1),
+        }
+        for name, call in calls.items():
+            with pytest.raises(TypeError, match=rf"^{name}\(\): local must be a ferry.Region"):
+                call()
+        for name, call in {"send": lambda: pair.peer.send(1, raw),
+                           "recv": lambda: pair.peer.recv(1, raw)}.items():
+            with pytest.raises(TypeError, match=rf"^{name}\(\): region must be a ferry.Region"):
+                call()
+    # Nothing was posted: the peer still works.
+    local = pair.initiator.register(np.ones(64, np.uint8))
+    pair.peer.write(local, d).wait(WAIT)
+
+
+def test_ctrl_c_ends_every_blocking_call(pair):
+    # SIGINT from another thread, as Ctrl-C: each call raises KeyboardInterrupt long before its
+    # timeout, instead of sleeping it out with the GIL released.
+    region = pair.initiator.register(np.zeros(64, np.uint8))
+    never = pair.peer.recv(77, region)  # nobody sends tag 77
+    calls = {
+        "Future.wait": lambda: never.wait(60.0),
+        "Engine.next_imm": lambda: pair.target.next_imm(60.0),
+        "Engine.accept": lambda: pair.target.accept(60.0),
+    }
+    for name, call in calls.items():
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                call()
+        finally:
+            timer.join()
+        assert time.monotonic() - started < 30.0, f"{name} slept out its timeout"
