@@ -90,7 +90,10 @@ class FERRY_API Descriptor {
 };
 
 // A registered memory region. Owns the registration: destroying it (or deregister())
-// revokes remote access and waits until no in-flight operation touches the memory.
+// revokes remote access and waits until no in-flight operation touches the memory. Inside a
+// completion or immediate callback that wait would stall the thread that ends those operations:
+// there deregister() throws kInvalidArgument, and a Region destroyed there is deregistered on
+// another thread once its operations end (the destructor returns at once).
 class FERRY_API Region {
  public:
   Region() = default;
@@ -116,6 +119,8 @@ class FERRY_API Region {
   friend class detail::EngineImpl;
   friend class detail::PeerImpl;
   explicit Region(std::shared_ptr<detail::RegionRecord> record);
+  // Deregisters, or inside a callback hands that to another thread.
+  void release() noexcept;
   std::shared_ptr<detail::RegionRecord> record_;
 };
 
@@ -327,7 +332,9 @@ class FERRY_API Engine {
   // the channel: a progress thread, or a caller polling it (Future::wait, next_imm).
   void on_imm(std::function<void(const ImmEvent&)> fn);
 
-  // Cancels in-flight operations, closes peers, joins threads. Idempotent.
+  // Cancels in-flight operations, closes peers, joins threads. Idempotent. From a completion or
+  // immediate callback it refuses new operations and returns at once; the rest (which joins the
+  // thread running the callback) finishes on a thread of its own.
   void shutdown();
 
   EngineStats stats() const;

@@ -6,6 +6,8 @@ import os
 import pickle
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -239,3 +241,75 @@ def test_ctrl_c_ends_every_blocking_call(pair):
         finally:
             timer.join()
         assert time.monotonic() - started < 30.0, f"{name} slept out its timeout"
+
+
+CALLBACK_SCRIPT = r"""
+import sys
+import threading
+
+import numpy as np
+
+import ferry
+
+options = dict(peer_timeout=5.0, connect_timeout=5.0, wait_spin=0.0, transports=[sys.argv[1]])
+target = ferry.Engine(**options)
+initiator = ferry.Engine(**options)
+peer = initiator.connect(target.address)
+assert target.accept(20.0) is not None
+mine = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+theirs = np.zeros(1 << 20, np.uint8)
+source = initiator.register(mine)
+granted = target.register(theirs, access=ferry.Access.REMOTE_WRITE)
+d = granted.descriptor()
+part = len(mine) // 8
+
+said = {}
+refused = threading.Event()
+stopped = threading.Event()
+
+
+def deregister_in_callback(_future):
+    try:
+        source.deregister()
+        said["deregister"] = "returned"
+    except ferry.InvalidArgument as e:
+        said["deregister"] = str(e)
+    refused.set()
+
+
+def shutdown_in_callback(_future):
+    initiator.shutdown()
+    stopped.set()
+
+
+first = peer.write(source, d, length=4096)
+first.add_done_callback(deregister_in_callback)
+others = [peer.write(source, d, length=part, local_offset=i * part, remote_offset=i * part)
+          for i in range(8)]
+assert refused.wait(20.0), "deregister in a callback did not return"
+assert "completion callback" in said["deregister"], said
+for f in others:
+    f.wait(20.0)
+assert (theirs == mine).all()
+# Shutdown from a callback returns, and ends the operations still in flight.
+last = peer.write(source, d, length=4096)
+last.add_done_callback(shutdown_in_callback)
+more = [peer.write(source, d, length=part) for _ in range(8)]
+assert stopped.wait(20.0), "shutdown in a callback did not return"
+for f in more:
+    try:
+        f.wait(20.0)
+    except (ferry.Cancelled, ferry.PeerLost):
+        pass
+print("ok", flush=True)
+# Exit with the target still running: the exit hook shuts it down.
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_deregister_and_shutdown_from_a_callback_neither_hang_nor_stop_the_rest(transport):
+    # In a process of its own: the interpreter must exit too.
+    run = subprocess.run([sys.executable, "-c", CALLBACK_SCRIPT, transport],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/callback_scope.hpp"
 #include "core/crypto.hpp"
 #include "core/cycle_clock.hpp"
 #include "core/log.hpp"
@@ -115,6 +116,7 @@ void EngineImpl::deliver_imm(transport::PeerLink& link, uint32_t imm) {
   if (imm_callback_) {
     auto fn = imm_callback_;
     lock.unlock();
+    core::CallbackScope in_callback;
     fn(event);
     return;
   }
@@ -653,9 +655,25 @@ void EngineImpl::shutdown() {
   if (stopping_.exchange(true)) return;
   uint64_t one = 1;
   [[maybe_unused]] ssize_t woke = ::write(connect_cancel_.get(), &one, sizeof one);
+  Status cancelled{ErrorCode::kCancelled, "engine shut down"};
+  for (auto& p : peers_with_channels()) p->close(cancelled);
+  // From a callback the rest would join the thread running it: it goes to a thread of its own,
+  // which holds the engine until done. The peers are closed either way, so what follows this
+  // call fails at once.
+  if (core::CallbackScope::inside()) {
+    if (auto self = weak_from_this().lock()) {
+      core::run_detached([self] { self->finish_shutdown(); });
+      return;
+    }
+  }
+  finish_shutdown();
+}
+
+void EngineImpl::finish_shutdown() {
   listener_->stop();
   if (liveness_) liveness_->stop();
 
+  // Those admitted since shutdown() closed the peers are closed too.
   std::vector<std::shared_ptr<PeerImpl>> all = peers_with_channels();
   Status cancelled{ErrorCode::kCancelled, "engine shut down"};
   for (auto& p : all) p->close(cancelled);

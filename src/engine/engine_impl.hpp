@@ -78,6 +78,8 @@ class EngineImpl final : public transport::Host,
   std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
   void on_imm(std::function<void(const ImmEvent&)> fn);
   void shutdown();
+  // What shutdown() does after refusing new operations.
+  void finish_shutdown();
 
   // The peer lost its connection (already closed); forget it.
   void peer_closed(PeerImpl* peer);

@@ -2,6 +2,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/callback_scope.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/op.hpp"
 
@@ -70,6 +71,8 @@ void Future::then(std::function<void(const Status&)> fn) const {
   if (op_ == nullptr || !fn) return;
   detail::OpState* op = op_;
   if (op->done.load(std::memory_order_acquire)) {
+    // A callback, though on the caller's thread: what it may do does not hang on timing.
+    core::CallbackScope in_callback;
     fn(op->status);
     return;
   }

@@ -1,6 +1,8 @@
 // The public handles (Engine, Peer, Region) forward to the engine layer.
 #include <algorithm>
+#include <system_error>
 
+#include "core/callback_scope.hpp"
 #include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
@@ -13,12 +15,26 @@ Region::Region(std::shared_ptr<detail::RegionRecord> record) : record_(std::move
 Region::Region(Region&&) noexcept = default;
 Region& Region::operator=(Region&& o) noexcept {
   if (this != &o) {
-    deregister();
+    release();
     record_ = std::move(o.record_);
   }
   return *this;
 }
-Region::~Region() { deregister(); }
+Region::~Region() { release(); }
+
+void Region::release() noexcept {
+  if (!record_) return;
+  std::shared_ptr<detail::RegionRecord> record = std::move(record_);
+  if (core::CallbackScope::inside()) {
+    try {
+      core::run_detached([record] { record->engine->deregister(*record); });
+      return;
+    } catch (const std::system_error&) {
+      // No thread to hand the wait to: it is waited here, as outside a callback.
+    }
+  }
+  record->engine->deregister(*record);
+}
 
 void* Region::data() const noexcept { return record_ ? record_->base : nullptr; }
 std::size_t Region::size() const noexcept { return record_ ? record_->length : 0; }
@@ -33,6 +49,11 @@ std::shared_ptr<void> Region::memory() const {
 }
 void Region::deregister() {
   if (!record_) return;
+  if (core::CallbackScope::inside())
+    throw Error(ErrorCode::kInvalidArgument,
+                "Region::deregister() from a completion callback: it waits for the region's "
+                "operations to end, which this thread ends; drop the Region instead (it is "
+                "deregistered once they end) or deregister from another thread");
   record_->engine->deregister(*record_);
   record_.reset();
 }

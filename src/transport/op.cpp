@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/callback_scope.hpp"
 #include "core/cycle_clock.hpp"
 
 namespace ferry::transport {
@@ -78,7 +79,10 @@ bool OpState::complete() {
     fn = std::exchange(callback, nullptr);
   }
   cv.notify_all();
-  if (fn) fn(status);
+  if (fn) {
+    core::CallbackScope in_callback;
+    fn(status);
+  }
   return was_posted;
 }
 
@@ -115,7 +119,10 @@ void OpState::on_complete(std::function<void(const Status&)> fn) {
     // Completed meanwhile: whichever of complete() and this takes the callback runs it.
     fn = std::exchange(callback, nullptr);
   }
-  if (fn) fn(status);
+  if (fn) {
+    core::CallbackScope in_callback;
+    fn(status);
+  }
 }
 
 bool OpState::sleep_until(std::chrono::steady_clock::time_point deadline) {

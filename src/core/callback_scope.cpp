@@ -1,0 +1,66 @@
+#include "core/callback_scope.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ferry::core {
+
+thread_local int CallbackScope::depth_ = 0;
+
+namespace {
+
+struct DetachedThreads {
+  std::mutex mu;
+  std::vector<std::thread> running;
+  std::vector<std::thread::id> finished;  // in `running` still, to be joined by the next start
+
+  ~DetachedThreads() {
+    std::vector<std::thread> all;
+    {
+      std::lock_guard lock(mu);
+      all.swap(running);
+    }
+    for (auto& t : all) {
+      if (t.get_id() != std::this_thread::get_id()) {
+        t.join();
+      } else {
+        t.detach();  // the process exits from one of them
+      }
+    }
+  }
+
+  // Joins those that finished (each exits right after noting it). Under mu.
+  void reap_locked() {
+    for (std::thread::id id : finished) {
+      auto it = std::find_if(running.begin(), running.end(),
+                             [&](const std::thread& t) { return t.get_id() == id; });
+      if (it == running.end()) continue;
+      it->join();
+      running.erase(it);
+    }
+    finished.clear();
+  }
+};
+
+DetachedThreads& detached_threads() {
+  static DetachedThreads threads;
+  return threads;
+}
+
+}  // namespace
+
+void run_detached(std::function<void()> work) {
+  DetachedThreads& threads = detached_threads();
+  std::lock_guard lock(threads.mu);
+  threads.reap_locked();
+  threads.running.emplace_back([&threads, work = std::move(work)]() mutable {
+    work();
+    work = nullptr;  // what it held goes before the thread counts as finished
+    std::lock_guard done(threads.mu);
+    threads.finished.push_back(std::this_thread::get_id());
+  });
+}
+
+}  // namespace ferry::core
