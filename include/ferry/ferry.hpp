@@ -305,7 +305,11 @@ class FERRY_API Engine {
   uint64_t incarnation() const;
   const Config& config() const;
 
-  Region register_memory(void* data, std::size_t length, Access access);
+  // `keep_alive` (optional) is held until the registration has ended: dropped after the region's
+  // deregistration, on the thread that ended it (which, for a Region dropped in a callback, is
+  // not the caller's). What owns the memory can hang on it (Python's buffer exports do).
+  Region register_memory(void* data, std::size_t length, Access access,
+                         std::shared_ptr<void> keep_alive = nullptr);
   // A registered region of `length` bytes whose memory the engine allocates and frees once the
   // region is deregistered (or, where Region::memory() handles keep it, once they go): zeroed,
   // page-aligned, and from 2 MiB up in huge pages where the host has them. It is an anonymous

@@ -19,6 +19,7 @@ Page-table batches: pass integer arrays as offsets (and lengths, or one block si
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from typing import Any
 
@@ -45,6 +46,9 @@ set_log_level = _ferry.set_log_level  # type: ignore[attr-defined]
 log_level = _ferry.log_level  # type: ignore[attr-defined]
 
 _live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+# A forked child's engines are its parent's, inert there (every call raises InvalidArgument): the
+# exit hook leaves them to the parent.
+os.register_at_fork(after_in_child=_live_engines.clear)
 
 
 class Engine(_ferry.Engine):

@@ -77,10 +77,11 @@ struct PyEngine {
 
 struct PyRegion {
   Region region;
-  nb::object engine;              // PyEngine: outlives its registrations
-  nb::object owner;               // the registered object (array, tensor, bytearray)
-  std::optional<Py_buffer> view;  // held while registered: the exporter cannot resize
+  nb::object engine;  // PyEngine: outlives its registrations
+  nb::object owner;   // the registered object (array, tensor, bytearray), until deregistered
   bool read_only = false;
+  // Dropping the region waits for its operations, whose callbacks need the GIL: it is released
+  // meanwhile (inside a callback the drop returns at once, the rest on another thread).
   ~PyRegion();
   void deregister();
   const Region& get() const {

@@ -18,7 +18,28 @@ using namespace nb::literals;
 // The memory of `obj`: the buffer protocol first (NumPy, bytearray, memoryview, array), else
 // DLPack (torch tensors). Refuses non-contiguous memory, and read-only memory where peers would
 // write it.
-void take_memory(PyRegion& r, nb::handle obj, Access access, void*& data, std::size_t& length) {
+// What registering memory holds until the registration has ended: the buffer export (the
+// exporter cannot resize meanwhile) and the memory's owner. Dropped by the engine after the
+// deregistration, on whichever thread ended it (another than the caller's for a region dropped
+// in a callback), so no operation still touches memory the owner may free.
+class MemoryHold {
+ public:
+  MemoryHold(std::optional<Py_buffer> view, nb::object owner)
+      : view_(view), owner_(std::move(owner)) {}
+  ~MemoryHold() {
+    if (!view_) return;
+    if (nb::detail::cleanup_guard guard{}) PyBuffer_Release(&*view_);
+  }
+  MemoryHold(const MemoryHold&) = delete;
+  MemoryHold& operator=(const MemoryHold&) = delete;
+
+ private:
+  std::optional<Py_buffer> view_;
+  SharedRef owner_;
+};
+
+void take_memory(PyRegion& r, nb::handle obj, Access access, void*& data, std::size_t& length,
+                 std::optional<Py_buffer>& taken) {
   bool remote_write = allows(access, Access::kRemoteWrite);
   if (PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer view;
@@ -37,7 +58,7 @@ void take_memory(PyRegion& r, nb::handle obj, Access access, void*& data, std::s
       }
       r.read_only = true;
     }
-    r.view = view;
+    taken = view;
     data = view.buf;
     length = static_cast<std::size_t>(view.len);
     return;
@@ -77,18 +98,15 @@ PyEngine::~PyEngine() {
 }
 
 PyRegion::~PyRegion() {
-  if (!region.valid() && !view) return;
-  if (nb::detail::cleanup_guard guard{}) deregister();
+  if (!region.valid()) return;
+  nb::gil_scoped_release unlocked;
+  Region gone = std::move(region);
 }
 
 void PyRegion::deregister() {
   if (region.valid()) {
     nb::gil_scoped_release unlocked;  // waits for in-flight operations, whose callbacks need it
     region.deregister();
-  }
-  if (view) {
-    PyBuffer_Release(&*view);
-    view.reset();
   }
   owner = nb::object();
 }
@@ -199,15 +217,12 @@ void bind_memory(nb::class_<PyEngine>& cls) {
            auto region = std::make_unique<PyRegion>();
            void* data = nullptr;
            std::size_t length = 0;
-           take_memory(*region, obj, access, data, length);
+           std::optional<Py_buffer> view;
+           take_memory(*region, obj, access, data, length, view);
            if (!region->owner.is_valid()) region->owner = nb::borrow(obj);
            region->engine = nb::borrow(self);
-           try {
-             region->region = engine.get().register_memory(data, length, access);
-           } catch (...) {
-             region->deregister();
-             throw;
-           }
+           auto hold = std::make_shared<MemoryHold>(view, region->owner);
+           region->region = engine.get().register_memory(data, length, access, std::move(hold));
            return region.release();
          },
          "obj"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,

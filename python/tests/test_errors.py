@@ -246,6 +246,7 @@ def test_ctrl_c_ends_every_blocking_call(pair):
 CALLBACK_SCRIPT = r"""
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -255,7 +256,8 @@ options = dict(peer_timeout=5.0, connect_timeout=5.0, wait_spin=0.0, transports=
 target = ferry.Engine(**options)
 initiator = ferry.Engine(**options)
 peer = initiator.connect(target.address)
-assert target.accept(20.0) is not None
+target_peer = target.accept(20.0)
+assert target_peer is not None
 mine = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
 theirs = np.zeros(1 << 20, np.uint8)
 source = initiator.register(mine)
@@ -291,6 +293,29 @@ assert "completion callback" in said["deregister"], said
 for f in others:
     f.wait(20.0)
 assert (theirs == mine).all()
+# A region whose last reference goes in a callback, with writes from it in flight (their
+# Futures dropped): they still complete, from memory held until they have.
+holder = [initiator.register(mine[::-1].copy())]
+dropped = threading.Event()
+
+
+def drop_in_callback(_future):
+    holder.clear()
+    dropped.set()
+
+
+theirs[:] = 0
+note = initiator.register(np.zeros(8, np.uint8))
+peer.recv(3, note).add_done_callback(drop_in_callback)
+for i in range(8):
+    peer.write(holder[0], d, length=part, local_offset=i * part, remote_offset=i * part)
+target_peer.send(3, target.register(np.ones(8, np.uint8))).wait(20.0)
+assert dropped.wait(20.0), "the callback did not finish"
+deadline = time.monotonic() + 20.0
+while not (theirs == mine[::-1]).all() and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert (theirs == mine[::-1]).all()
+
 # Shutdown from a callback returns, and ends the operations still in flight.
 last = peer.write(source, d, length=4096)
 last.add_done_callback(shutdown_in_callback)
@@ -310,6 +335,76 @@ print("ok", flush=True)
 def test_deregister_and_shutdown_from_a_callback_neither_hang_nor_stop_the_rest(transport):
     # In a process of its own: the interpreter must exit too.
     run = subprocess.run([sys.executable, "-c", CALLBACK_SCRIPT, transport],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+FORK_SCRIPT = r"""
+import multiprocessing
+import os
+import sys
+
+import numpy as np
+
+import ferry
+
+options = dict(peer_timeout=5.0, connect_timeout=5.0, wait_spin=0.0, transports=[sys.argv[1]])
+target = ferry.Engine(**options)
+initiator = ferry.Engine(**options)
+peer = initiator.connect(target.address)
+target_peer = target.accept(20.0)
+mine = np.random.default_rng(2).integers(0, 256, 1 << 16, dtype=np.uint8)
+theirs = np.zeros(1 << 16, np.uint8)
+source = initiator.register(mine)
+granted = target.register(theirs, access=ferry.Access.REMOTE_WRITE)
+d = granted.descriptor()
+
+
+def use_inherited(results):
+    for name, call in {
+        "write": lambda: peer.write(source, d),
+        "connect": lambda: initiator.connect(target.address),
+        "shutdown": lambda: initiator.shutdown(),
+        "deregister": lambda: source.deregister(),
+    }.items():
+        try:
+            call()
+            results.put(name + " worked")
+        except ferry.InvalidArgument as e:
+            results.put(name + (" refused" if "forked" in str(e) else " said " + str(e)))
+
+
+# multiprocessing's fork start method, as on Linux by default before Python 3.14.
+context = multiprocessing.get_context("fork")
+results = context.Queue()
+child = context.Process(target=use_inherited, args=(results,))
+child.start()
+child.join(60)
+assert child.exitcode == 0, child.exitcode
+said = sorted(results.get(timeout=5) for _ in range(4))
+assert said == ["connect refused", "deregister refused", "shutdown refused", "write refused"], said
+
+# A child that exits through the interpreter's own exit: the exit hook and the objects'
+# destructors run there.
+pid = os.fork()
+if pid == 0:
+    del peer, source
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+
+# The parent's connection is untouched.
+assert peer.connected and target_peer.connected
+peer.write(source, d).wait(20.0)
+assert (theirs == mine).all()
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_forked_children_find_inherited_engines_inert_and_the_parent_goes_on(transport):
+    run = subprocess.run([sys.executable, "-c", FORK_SCRIPT, transport],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok"

@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/fork.hpp"
+
 namespace ferry::core {
 
 thread_local int CallbackScope::depth_ = 0;
@@ -15,11 +17,13 @@ struct DetachedThreads {
   std::mutex mu;
   std::vector<std::thread> running;
   std::vector<std::thread::id> finished;  // in `running` still, to be joined by the next start
+  uint64_t born = fork_generation();      // of those in `running`
 
   ~DetachedThreads() {
     std::vector<std::thread> all;
     {
       std::lock_guard lock(mu);
+      forget_inherited_locked();
       all.swap(running);
     }
     for (auto& t : all) {
@@ -31,8 +35,19 @@ struct DetachedThreads {
     }
   }
 
+  // In a forked child the threads listed are the parent's: none exists here to join.
+  void forget_inherited_locked() {
+    if (fork_generation() == born) return;
+    static auto* inherited = new std::vector<std::thread>;  // reachable: no leak report
+    for (auto& t : running) inherited->push_back(std::move(t));
+    running.clear();
+    finished.clear();
+    born = fork_generation();
+  }
+
   // Joins those that finished (each exits right after noting it). Under mu.
   void reap_locked() {
+    forget_inherited_locked();
     for (std::thread::id id : finished) {
       auto it = std::find_if(running.begin(), running.end(),
                              [&](const std::thread& t) { return t.get_id() == id; });

@@ -234,7 +234,8 @@ void EngineImpl::check_registration(const char* call, Access access) const {
   }
 }
 
-Region EngineImpl::register_memory(void* data, std::size_t length, Access access) {
+Region EngineImpl::register_memory(void* data, std::size_t length, Access access,
+                                   std::shared_ptr<void> keep_alive) {
   check_registration("register_memory", access);
   if (data == nullptr || length == 0) {
     throw Error(ErrorCode::kInvalidArgument, "register_memory: null pointer or zero length");
@@ -242,6 +243,7 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
   auto rec = std::make_shared<RegionRecord>();
   rec->base = static_cast<uint8_t*>(data);
   rec->length = length;
+  rec->keep_alive = std::move(keep_alive);
   return add_region(std::move(rec), access);
 }
 

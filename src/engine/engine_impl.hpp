@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/fork.hpp"
 #include "core/net.hpp"
 #include "core/periodic.hpp"
 #include "core/reactor.hpp"
@@ -46,6 +47,8 @@ struct RegionRecord {
   // Engine::allocate's memory: freed with the record, after the region was deregistered,
   // unless Region::memory() handles keep it (detached from its file then).
   std::shared_ptr<core::SharedMemory> owned;
+  // Engine::register_memory's keep_alive: goes with the record, after deregistration.
+  std::shared_ptr<void> keep_alive;
 };
 
 // The engine's settings (settings.cpp). `config` with the FERRY_TRANSPORTS environment variable
@@ -70,7 +73,8 @@ class EngineImpl final : public transport::Host,
   core::Teardown& teardown() override { return teardown_; }
   void deliver_imm(transport::PeerLink& link, uint32_t imm) override;
 
-  Region register_memory(void* data, std::size_t length, Access access);
+  Region register_memory(void* data, std::size_t length, Access access,
+                         std::shared_ptr<void> keep_alive);
   Region allocate(std::size_t length, Access access);
   void deregister(RegionRecord& record);
   Peer connect(std::string_view host_port);
@@ -145,6 +149,9 @@ class EngineImpl final : public transport::Host,
   const Config config;
   const uint64_t id;
   const uint64_t incarnation;
+  // The fork generation the engine was made in (core/fork.hpp): in a forked child it is inert,
+  // and the handles refuse every call that would act (handles.cpp).
+  const uint64_t born = core::fork_generation();
   const core::Locality locality = core::this_locality();
   const std::shared_ptr<transport::UnexpectedBudget> unexpected_budget =
       std::make_shared<transport::UnexpectedBudget>(config.max_unexpected_bytes_total,

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/callback_scope.hpp"
+#include "core/fork.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/op.hpp"
 
@@ -35,6 +36,7 @@ Future::~Future() {
 bool Future::test() const {
   if (op_ == nullptr) return false;
   if (op_->done.load(std::memory_order_acquire)) return true;
+  core::refuse_in_forked_child(op_->pool->born, "Future::test");
   op_->pool->progress();  // a polling caller drives the completion queue, as wait() does
   return op_->done.load(std::memory_order_acquire);
 }
@@ -51,6 +53,8 @@ Status Future::wait(Duration timeout) const {
   if (op_ == nullptr) return {ErrorCode::kInvalidArgument, "empty future"};
   detail::OpState* op = op_;
   if (op->done.load(std::memory_order_acquire)) return op->status;
+  if (Status refusal = core::forked_child_refusal(op->pool->born, "Future::wait"); !refusal.ok())
+    return refusal;
   // A short spin catches completions that arrive within a few microseconds without a sleep;
   // where the peer's channel lets callers poll (verbs), the spin polls its completion queue.
   // Its clock starts at its first reading: most waits end before one.
@@ -76,6 +80,7 @@ void Future::then(std::function<void(const Status&)> fn) const {
     fn(op->status);
     return;
   }
+  core::refuse_in_forked_child(op->pool->born, "Future::then");
   op->on_complete(std::move(fn));
   op->pool->unwatched();  // the callback must run without a waiter polling
 }

@@ -3,6 +3,7 @@
 #include <system_error>
 
 #include "core/callback_scope.hpp"
+#include "core/fork.hpp"
 #include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
 #include "ferry/ferry.hpp"
@@ -25,6 +26,8 @@ Region::~Region() { release(); }
 void Region::release() noexcept {
   if (!record_) return;
   std::shared_ptr<detail::RegionRecord> record = std::move(record_);
+  // In a forked child the registration is the parent's to end.
+  if (core::fork_generation() != record->engine->born) return;
   if (core::CallbackScope::inside()) {
     try {
       core::run_detached([record] { record->engine->deregister(*record); });
@@ -49,6 +52,7 @@ std::shared_ptr<void> Region::memory() const {
 }
 void Region::deregister() {
   if (!record_) return;
+  core::refuse_in_forked_child(record_->engine->born, "Region::deregister");
   if (core::CallbackScope::inside())
     throw Error(ErrorCode::kInvalidArgument,
                 "Region::deregister() from a completion callback: it waits for the region's "
@@ -63,43 +67,46 @@ namespace {
 [[noreturn]] void empty_peer() {
   throw Error(ErrorCode::kInvalidArgument, "operation on an empty Peer handle");
 }
+// The peer behind a handle, for a call that acts on it: not from an empty handle, nor in a
+// forked child.
+detail::PeerImpl& usable(const std::shared_ptr<detail::PeerImpl>& peer, const char* call) {
+  if (!peer) empty_peer();
+  core::refuse_in_forked_child(peer->engine->born, call);
+  return *peer;
+}
 }  // namespace
 
 Future Peer::write(std::span<const Transfer> batch) const {
-  if (!impl_) empty_peer();
-  return impl_->one_sided(transport::OpKind::kWrite, batch, false, 0);
+  return usable(impl_, "Peer::write").one_sided(transport::OpKind::kWrite, batch, false, 0);
 }
 Future Peer::read(std::span<const Transfer> batch) const {
-  if (!impl_) empty_peer();
-  return impl_->one_sided(transport::OpKind::kRead, batch, false, 0);
+  return usable(impl_, "Peer::read").one_sided(transport::OpKind::kRead, batch, false, 0);
 }
 Future Peer::write_with_imm(std::span<const Transfer> batch, uint32_t imm) const {
-  if (!impl_) empty_peer();
-  return impl_->one_sided(transport::OpKind::kWrite, batch, true, imm);
+  return usable(impl_, "Peer::write_with_imm")
+      .one_sided(transport::OpKind::kWrite, batch, true, imm);
 }
 Prepared Peer::prepare_write(std::span<const Transfer> batch) const {
-  if (!impl_) empty_peer();
-  return Prepared(impl_->prepare(transport::OpKind::kWrite, batch, false, 0));
+  return Prepared(
+      usable(impl_, "Peer::prepare_write").prepare(transport::OpKind::kWrite, batch, false, 0));
 }
 Prepared Peer::prepare_read(std::span<const Transfer> batch) const {
-  if (!impl_) empty_peer();
-  return Prepared(impl_->prepare(transport::OpKind::kRead, batch, false, 0));
+  return Prepared(
+      usable(impl_, "Peer::prepare_read").prepare(transport::OpKind::kRead, batch, false, 0));
 }
 Prepared Peer::prepare_write_with_imm(std::span<const Transfer> batch, uint32_t imm) const {
-  if (!impl_) empty_peer();
-  return Prepared(impl_->prepare(transport::OpKind::kWrite, batch, true, imm));
+  return Prepared(usable(impl_, "Peer::prepare_write_with_imm")
+                      .prepare(transport::OpKind::kWrite, batch, true, imm));
 }
 Future Prepared::post() const {
   if (!impl_) throw Error(ErrorCode::kInvalidArgument, "post() on an empty Prepared handle");
-  return impl_->peer->post_prepared(*impl_);
+  return usable(impl_->peer, "Prepared::post").post_prepared(*impl_);
 }
 Future Peer::send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const {
-  if (!impl_) empty_peer();
-  return impl_->send(tag, local, offset, length);
+  return usable(impl_, "Peer::send").send(tag, local, offset, length);
 }
 Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const {
-  if (!impl_) empty_peer();
-  return impl_->recv(tag, local, offset, capacity);
+  return usable(impl_, "Peer::recv").recv(tag, local, offset, capacity);
 }
 uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
 uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
@@ -112,10 +119,15 @@ std::vector<RouteInfo> Peer::routes() const {
   return impl_ ? impl_->routes.info : std::vector<RouteInfo>();
 }
 Reach Peer::reach() const { return impl_ ? impl_->reach : Reach::kOtherHost; }
-bool Peer::connected() const { return impl_ && !impl_->lost.load(); }
+bool Peer::connected() const {
+  if (!impl_) return false;
+  core::refuse_in_forked_child(impl_->engine->born, "Peer::connected");
+  return !impl_->lost.load();
+}
 PeerStats Peer::stats() const {
   PeerStats s;
   if (!impl_) return s;
+  core::refuse_in_forked_child(impl_->engine->born, "Peer::stats");
   for (const auto& c : impl_->channels.all()) {
     s.channels.push_back({c->kind(), c->lanes(), c->messages.sent.load(),
                           c->messages.received.load(), c->messages.zero_copy.load(),
@@ -127,16 +139,37 @@ PeerStats Peer::stats() const {
   s.unexpected_bytes = unexpected.bytes;
   return s;
 }
-PeerMetrics Peer::metrics() const { return impl_ ? impl_->metrics() : PeerMetrics(); }
+PeerMetrics Peer::metrics() const {
+  return impl_ ? usable(impl_, "Peer::metrics").metrics() : PeerMetrics();
+}
 void Peer::close() const {
-  if (impl_) impl_->close({ErrorCode::kCancelled, "peer closed locally"});
+  if (impl_) usable(impl_, "Peer::close").close({ErrorCode::kCancelled, "peer closed locally"});
 }
 
 // ---- Engine ----
+namespace {
+detail::EngineImpl& usable(const std::shared_ptr<detail::EngineImpl>& engine, const char* call) {
+  core::refuse_in_forked_child(engine->born, call);
+  return *engine;
+}
+}  // namespace
+
 Engine::Engine(const Config& config) : impl_(std::make_shared<detail::EngineImpl>(config)) {
   impl_->start();
 }
-Engine::~Engine() { shutdown(); }
+Engine::~Engine() {
+  if (core::fork_generation() != impl_->born) {
+    // A forked child's copy: its threads are the parent's, and tearing it down would close the
+    // parent's connections. It stays as it is for the process's life (kept reachable, so leak
+    // checkers do not count it).
+    // Out of memory here ends the process, as any allocation in a destructor does.
+    // NOLINTNEXTLINE(bugprone-unhandled-exception-at-new)
+    static auto* inherited = new std::vector<std::shared_ptr<detail::EngineImpl>>;
+    inherited->push_back(std::move(impl_));
+    return;
+  }
+  shutdown();
+}
 
 std::string Engine::address() const {
   return impl_->advertised.empty() ? std::string() : impl_->advertised.front();
@@ -146,26 +179,34 @@ uint16_t Engine::port() const { return impl_->port; }
 uint64_t Engine::id() const { return impl_->id; }
 uint64_t Engine::incarnation() const { return impl_->incarnation; }
 const Config& Engine::config() const { return impl_->config; }
-Region Engine::register_memory(void* data, std::size_t length, Access access) {
-  return impl_->register_memory(data, length, access);
+Region Engine::register_memory(void* data, std::size_t length, Access access,
+                               std::shared_ptr<void> keep_alive) {
+  return usable(impl_, "Engine::register_memory")
+      .register_memory(data, length, access, std::move(keep_alive));
 }
 Region Engine::allocate(std::size_t length, Access access) {
-  return impl_->allocate(length, access);
+  return usable(impl_, "Engine::allocate").allocate(length, access);
 }
-Peer Engine::connect(std::string_view host_port) { return impl_->connect(host_port); }
-std::optional<Peer> Engine::accept(Duration timeout) { return impl_->accept(timeout); }
+Peer Engine::connect(std::string_view host_port) {
+  return usable(impl_, "Engine::connect").connect(host_port);
+}
+std::optional<Peer> Engine::accept(Duration timeout) {
+  return usable(impl_, "Engine::accept").accept(timeout);
+}
 std::optional<ImmEvent> Engine::next_imm(Duration timeout) {
   ImmEvent event;
-  if (impl_->next_imms({&event, 1}, timeout) == 0) return std::nullopt;
+  if (usable(impl_, "Engine::next_imm").next_imms({&event, 1}, timeout) == 0) return std::nullopt;
   return event;
 }
 std::size_t Engine::next_imms(std::span<ImmEvent> out, Duration timeout) {
-  return impl_->next_imms(out, timeout);
+  return usable(impl_, "Engine::next_imms").next_imms(out, timeout);
 }
-void Engine::on_imm(std::function<void(const ImmEvent&)> fn) { impl_->on_imm(std::move(fn)); }
-void Engine::shutdown() { impl_->shutdown(); }
-EngineStats Engine::stats() const { return impl_->stats(); }
-EngineMetrics Engine::metrics() const { return impl_->metrics(); }
+void Engine::on_imm(std::function<void(const ImmEvent&)> fn) {
+  usable(impl_, "Engine::on_imm").on_imm(std::move(fn));
+}
+void Engine::shutdown() { usable(impl_, "Engine::shutdown").shutdown(); }
+EngineStats Engine::stats() const { return usable(impl_, "Engine::stats").stats(); }
+EngineMetrics Engine::metrics() const { return usable(impl_, "Engine::metrics").metrics(); }
 
 std::string_view Engine::version() { return FERRY_VERSION; }
 

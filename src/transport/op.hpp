@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/fork.hpp"
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
 #include "ferry/metrics.hpp"
@@ -327,6 +328,9 @@ class OpPool : public std::enable_shared_from_this<OpPool> {
     meters_ = std::make_unique<ChannelMeter[]>(channels);
   }
   bool metered() const { return meters_ != nullptr; }
+  // The fork generation the pool was made in (core/fork.hpp): its ops are the parent's in a
+  // forked child.
+  const uint64_t born = core::fork_generation();
   // The counters of the peer's channel `channel` (metered pools only).
   ChannelMeter& meter(uint8_t channel) { return meters_[channel]; }
   const ChannelMeter& meter(uint8_t channel) const { return meters_[channel]; }
