@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -317,7 +318,10 @@ class FERRY_API Engine {
   // the failed call (kResourceExhausted when memory runs out, kInvalidArgument for zero length).
   Region allocate(std::size_t length, Access access);
 
-  Peer connect(std::string_view host_port);
+  // Connects to the engine at "host:port", within Config::connect_timeout. A stop requested on
+  // `stop` meanwhile (another thread, a signal's handler thread) ends it with kCancelled, as
+  // shutdown() does.
+  Peer connect(std::string_view host_port, const std::stop_token& stop = {});
   // The next peer that connected to us, if one arrives within `timeout`. A peer that closed
   // before it was accepted is not returned (it left with everything it held); to wait for a
   // peer to come and go, watch stats().peers_admitted and stats().peers.

@@ -7,6 +7,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <stop_token>
+#include <thread>
 
 #include "bindings.hpp"
 
@@ -258,12 +263,31 @@ void bind_peers(nb::class_<PyEngine>& cls) {
   cls.def(
          "connect",
          [](nb::handle self, const std::string& address) {
-           auto& engine = nb::cast<PyEngine&>(self);
+           Engine& engine = nb::cast<PyEngine&>(self).get();
+           // On a thread of its own, so that this one can take signals: Ctrl-C stops the
+           // connect (the thread's stop token) and waits for it to end, which it does at once.
            Peer peer;
+           std::exception_ptr failed;
+           std::mutex mu;
+           std::condition_variable cv;
+           bool finished = false;
            {
-             nb::gil_scoped_release unlocked;
-             peer = engine.get().connect(address);
+             std::jthread dialing([&](std::stop_token stop) {
+               try {
+                 peer = engine.connect(address, stop);
+               } catch (...) {
+                 failed = std::current_exception();
+               }
+               std::lock_guard lock(mu);
+               finished = true;
+               cv.notify_all();
+             });
+             wait_interruptibly(Clock::time_point::max(), [&](Duration slice) {
+               std::unique_lock lock(mu);
+               return cv.wait_for(lock, slice, [&] { return finished; });
+             });
            }
+           if (failed) std::rethrow_exception(failed);
            return new PyPeer{std::move(peer), nb::borrow(self)};
          },
          "address"_a, nb::rv_policy::take_ownership,

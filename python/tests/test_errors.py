@@ -226,10 +226,13 @@ def test_ctrl_c_ends_every_blocking_call(pair):
     # timeout, instead of sleeping it out with the GIL released.
     region = pair.initiator.register(np.zeros(64, np.uint8))
     never = pair.peer.recv(77, region)  # nobody sends tag 77
+    silent = socket.create_server(("127.0.0.1", 0))  # takes the connection, never answers
+    patient = ferry.Engine(**{**config(listen=False), "connect_timeout": 60.0})
     calls = {
         "Future.wait": lambda: never.wait(60.0),
         "Engine.next_imm": lambda: pair.target.next_imm(60.0),
         "Engine.accept": lambda: pair.target.accept(60.0),
+        "Engine.connect": lambda: patient.connect(f"127.0.0.1:{silent.getsockname()[1]}"),
     }
     for name, call in calls.items():
         timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
@@ -241,6 +244,10 @@ def test_ctrl_c_ends_every_blocking_call(pair):
         finally:
             timer.join()
         assert time.monotonic() - started < 30.0, f"{name} slept out its timeout"
+    # The engine whose connect was stopped is not shut down by it.
+    assert patient.connect(pair.target.address).connected
+    patient.shutdown()
+    silent.close()
 
 
 CALLBACK_SCRIPT = r"""

@@ -86,10 +86,16 @@ int remaining_ms(Deadline deadline) {
   return left.count() < 0 ? 0 : static_cast<int>(left.count());
 }
 
-Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
+// Also returns, kCancelled, once one of `wake` (descriptors; -1 ignored) is readable.
+Status wait_fd(int fd, short events, Deadline deadline, const char* what,
+               std::span<const int> wake = {}) {
+  std::vector<pollfd> polled{{fd, events, 0}};
+  for (int w : wake) polled.push_back({w, POLLIN, 0});
   for (;;) {
-    pollfd p{fd, events, 0};
-    int rc = ::poll(&p, 1, remaining_ms(deadline));
+    int rc = ::poll(polled.data(), polled.size(), remaining_ms(deadline));
+    for (std::size_t i = 1; rc > 0 && i < polled.size(); ++i) {
+      if (polled[i].revents != 0) return {ErrorCode::kCancelled, std::string(what) + ": stopped"};
+    }
     if (rc > 0) return {};
     if (rc == 0) return {ErrorCode::kTimeout, std::string(what) + ": timed out"};
     if (errno != EINTR) return sys_status("poll");
@@ -146,7 +152,7 @@ Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port) {
   return {};
 }
 
-Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out) {
+Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out, std::span<const int> wake) {
   AddrInfoPtr ai;
   if (Status s = resolve(where, false, ai); !s.ok()) return s;
   Status last{ErrorCode::kConnectFailed, "connect " + where.to_string() + ": no address"};
@@ -158,7 +164,7 @@ Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out) {
         last = sys_status("connect " + where.to_string(), errno, ErrorCode::kConnectFailed);
         continue;
       }
-      if (Status s = wait_fd(fd.get(), POLLOUT, deadline, "connect"); !s.ok()) return s;
+      if (Status s = wait_fd(fd.get(), POLLOUT, deadline, "connect", wake); !s.ok()) return s;
       int err = 0;
       socklen_t len = sizeof err;
       ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);

@@ -55,7 +55,10 @@ Status parse_host_port(std::string_view text, HostPort& out);
 std::vector<std::string> reachable_hosts(const std::string& listen_host);
 
 Status listen_tcp(const HostPort& where, Fd& out, uint16_t& bound_port);
-Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out);
+// A blocking connection once connected. One of `wake` (descriptors, -1 ignored) becoming
+// readable ends the wait for the connection with kCancelled.
+Status connect_tcp(const HostPort& where, Deadline deadline, Fd& out,
+                   std::span<const int> wake = {});
 // Starts a non-blocking connect to the address and port the connected socket `like` reaches
 // (whatever name resolved to it): `out` is non-blocking, and finish_connect() says how it ended
 // once it polls writable.

@@ -4,8 +4,12 @@
 // come back through HandshakeIo under one poll() with the connect deadline, several side
 // connections at once, and the engine's shutdown wakes it.
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -38,8 +42,10 @@ struct Link {
 // Runs handshake steps on links: each sends what it queued and takes one answer.
 class Dialer {
  public:
-  Dialer(std::string where, core::Deadline deadline, int cancel)
-      : where_(std::move(where)), deadline_(deadline), cancel_(cancel) {}
+  // `shut_down` and `stopped` (-1: none) become readable when the engine shuts down and when
+  // the caller stops the connect.
+  Dialer(std::string where, core::Deadline deadline, int shut_down, int stopped)
+      : where_(std::move(where)), deadline_(deadline), shut_down_(shut_down), stopped_(stopped) {}
 
   // Sends what each link of `links` queued and waits until every one answered with a whole
   // frame, which must be `want` (an ERROR frame is the peer's refusal); the body of link i's
@@ -70,13 +76,15 @@ class Dialer {
         waiting.push_back(l);
       }
       if (waiting.empty()) return {};
-      polled.push_back({cancel_, POLLIN, 0});
+      polled.push_back({shut_down_, POLLIN, 0});
+      polled.push_back({stopped_, POLLIN, 0});
       auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
       if (left <= 0) return {ErrorCode::kTimeout, "handshake: timed out"};
       int n =
           ::poll(polled.data(), polled.size(), static_cast<int>(std::min<int64_t>(left, 60'000)));
       if (n < 0 && errno != EINTR) return core::sys_status("poll");
-      if (polled.back().revents != 0) return {ErrorCode::kCancelled, "engine shut down"};
+      if (polled[waiting.size()].revents != 0) return {ErrorCode::kCancelled, "engine shut down"};
+      if (polled.back().revents != 0) return {ErrorCode::kCancelled, "stopped by the caller"};
       for (std::size_t i = 0; n > 0 && i < waiting.size(); ++i) {
         if (polled[i].revents == 0) continue;
         Link& l = *waiting[i];
@@ -123,7 +131,8 @@ class Dialer {
 
   const std::string where_;
   const core::Deadline deadline_;
-  const int cancel_;
+  const int shut_down_;
+  const int stopped_;
 };
 
 std::span<const uint8_t> body_of(const Link& l) {
@@ -132,7 +141,7 @@ std::span<const uint8_t> body_of(const Link& l) {
 
 }  // namespace
 
-Peer EngineImpl::connect(std::string_view host_port) {
+Peer EngineImpl::connect(std::string_view host_port, const std::stop_token& stop) {
   if (stopping_.load()) throw Error(ErrorCode::kCancelled, "connect: engine shut down");
   core::HostPort where;
   core::throw_if_error(core::parse_host_port(host_port, where));
@@ -148,9 +157,25 @@ Peer EngineImpl::connect(std::string_view host_port) {
     throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
   };
   core::Deadline deadline = Clock::now() + config.connect_timeout;
-  Dialer dialer(where.to_string(), deadline, connect_cancel_.get());
+  // A stop requested on `stop` wakes the dialer through an eventfd of this call's own.
+  core::Fd stopped;
+  if (stop.stop_possible()) {
+    stopped = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stopped.valid()) fail(core::sys_status("eventfd"));
+  }
+  auto on_stop_requested = [fd = stopped.get()] {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t woke = ::write(fd, &one, sizeof one);
+  };
+  std::optional<std::stop_callback<decltype(on_stop_requested)>> on_stop;
+  if (stopped.valid()) on_stop.emplace(stop, on_stop_requested);
+  Dialer dialer(where.to_string(), deadline, connect_cancel_.get(), stopped.get());
   Link control;
-  core::throw_if_error(core::connect_tcp(where, deadline, control.fd));
+  const int wake[] = {connect_cancel_.get(), stopped.get()};
+  if (Status s = core::connect_tcp(where, deadline, control.fd, wake); !s.ok()) {
+    if (s.code() != ErrorCode::kCancelled) throw Error(s);
+    fail({ErrorCode::kCancelled, stopping_.load() ? "engine shut down" : "stopped by the caller"});
+  }
   core::tune_socket(control.fd.get(), config.peer_timeout);
   core::throw_if_error(core::set_nonblocking(control.fd.get(), true));
   control.sock = control.fd.get();

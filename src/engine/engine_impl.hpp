@@ -77,7 +77,7 @@ class EngineImpl final : public transport::Host,
                          std::shared_ptr<void> keep_alive);
   Region allocate(std::size_t length, Access access);
   void deregister(RegionRecord& record);
-  Peer connect(std::string_view host_port);
+  Peer connect(std::string_view host_port, const std::stop_token& stop);
   std::optional<Peer> accept(Duration timeout);
   std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
   void on_imm(std::function<void(const ImmEvent&)> fn);

@@ -187,8 +187,8 @@ Region Engine::register_memory(void* data, std::size_t length, Access access,
 Region Engine::allocate(std::size_t length, Access access) {
   return usable(impl_, "Engine::allocate").allocate(length, access);
 }
-Peer Engine::connect(std::string_view host_port) {
-  return usable(impl_, "Engine::connect").connect(host_port);
+Peer Engine::connect(std::string_view host_port, const std::stop_token& stop) {
+  return usable(impl_, "Engine::connect").connect(host_port, stop);
 }
 std::optional<Peer> Engine::accept(Duration timeout) {
   return usable(impl_, "Engine::accept").accept(timeout);

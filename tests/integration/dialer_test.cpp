@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <future>
+#include <stop_token>
 #include <string>
 
 #include "support/pair.hpp"
@@ -77,6 +78,34 @@ TEST(Dialer, ShutdownWakesAConnectWaitingForItsAnswer) {
   Status s = connecting.get();
   EXPECT_EQ(s.code(), ErrorCode::kCancelled) << s.to_string();
   EXPECT_NE(s.message().find("engine shut down"), std::string::npos) << s.to_string();
+}
+
+// A stop requested by the caller ends a connect waiting for its answer (the wait for the TCP
+// connection watches the same descriptor). The engine serves on.
+TEST(Dialer, AStopRequestedByTheCallerEndsTheConnectAndTheEngineServesOn) {
+  SilentListener silent;
+  Config c = test_config();
+  c.listen = false;
+  c.connect_timeout = std::chrono::hours(1);  // only the stop can end the wait
+  Engine e(c);
+  std::stop_source stop;
+  auto connecting = std::async(std::launch::async, [&] {
+    try {
+      e.connect(silent.address(), stop.get_token());
+      return Status();
+    } catch (const Error& err) {
+      return err.status();
+    }
+  });
+  ASSERT_GE(silent.take(), 0);  // its HELLO is on the way: it waits for the answer
+  stop.request_stop();
+  Status s = connecting.get();
+  EXPECT_EQ(s.code(), ErrorCode::kCancelled) << s.to_string();
+  EXPECT_NE(s.message().find("stopped by the caller"), std::string::npos) << s.to_string();
+
+  // The engine is not shut down: it connects to a real target afterwards.
+  Engine target(test_config());
+  EXPECT_TRUE(e.connect(target.address()).connected());
 }
 
 }  // namespace
