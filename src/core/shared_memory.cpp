@@ -17,30 +17,39 @@ constexpr const char* kRegionFileName = "ferry-region";  // tests find regions' 
 
 }  // namespace
 
-Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base) {
+Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base,
+                       bool only_this_mapping_writes) {
   fd = Fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | flags));
   if (!fd.valid()) return sys_status("memfd_create", errno, ErrorCode::kResourceExhausted);
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return sys_status("ftruncate memfd", errno, ErrorCode::kResourceExhausted);
   }
-  // Its size is fixed: a peer that maps it can never see it shrink under its mapping.
-  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    return sys_status("fcntl F_ADD_SEALS");
-  }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return sys_status("mmap memfd", errno, ErrorCode::kResourceExhausted);
+  // Its size is fixed: a peer that maps it can never see it shrink under its mapping. Sealed
+  // against future writes, the kernel refuses every writable shared mapping and write() made
+  // from now on, through any descriptor of the file, however reopened (/proc/PID/fd/N).
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (only_this_mapping_writes) seals |= F_SEAL_FUTURE_WRITE;
+  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0) {
+    Status s = sys_status(only_this_mapping_writes ? "fcntl F_ADD_SEALS (with F_SEAL_FUTURE_WRITE)"
+                                                   : "fcntl F_ADD_SEALS");
+    ::munmap(p, size);
+    return s;
+  }
   base = static_cast<uint8_t*>(p);
   return {};
 }
 
-Status SharedMemory::create(std::size_t length, SharedMemory& out) {
+Status SharedMemory::create(std::size_t length, SharedMemory& out, bool only_we_write) {
   if (length == 0) return {ErrorCode::kInvalidArgument, "zero length"};
   out.reset();
   std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   if (length >= kHugePageBytes) {
     // Explicit huge pages exist only where the host reserved them; a failure is no error.
     std::size_t size = round_up(length, kHugePageBytes);
-    if (map_memory_file(kRegionFileName, MFD_HUGETLB, size, out.fd_, out.base_).ok()) {
+    if (map_memory_file(kRegionFileName, MFD_HUGETLB, size, out.fd_, out.base_, only_we_write)
+            .ok()) {
       // Touched now: a reservation that runs short shows here as an error, not as SIGBUS later.
       if (::madvise(out.base_, size, MADV_POPULATE_WRITE) == 0) {
         out.mapped_ = size;
@@ -51,7 +60,8 @@ Status SharedMemory::create(std::size_t length, SharedMemory& out) {
     }
   }
   std::size_t size = round_up(length, page);
-  if (Status s = map_memory_file(kRegionFileName, 0, size, out.fd_, out.base_); !s.ok()) {
+  if (Status s = map_memory_file(kRegionFileName, 0, size, out.fd_, out.base_, only_we_write);
+      !s.ok()) {
     out.reset();
     return s;
   }

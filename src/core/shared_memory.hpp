@@ -16,14 +16,19 @@ constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 // A memory file named `name` (flags add to memfd_create's) of `size` bytes, sealed at that size
 // (a peer that maps it never sees it shrink under its mapping), mapped shared and writable.
-Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base);
+// `only_this_mapping_writes` seals it against every later write (F_SEAL_FUTURE_WRITE): whoever
+// else maps it, by whatever descriptor, maps it read-only.
+Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& fd, uint8_t*& base,
+                       bool only_this_mapping_writes = false);
 
 class SharedMemory {
  public:
   // `length` bytes (> 0), zeroed. From kHugePageBytes up, in huge pages: explicit ones
   // (hugetlbfs) where the host reserved some, else transparent ones where the kernel allows them
-  // for shared memory (advised); plain pages otherwise. Errors name the failed call.
-  static Status create(std::size_t length, SharedMemory& out);
+  // for shared memory (advised); plain pages otherwise. `only_we_write`: nobody else can ever
+  // write it (map_memory_file), for memory that grants no remote write. Errors name the failed
+  // call.
+  static Status create(std::size_t length, SharedMemory& out, bool only_we_write);
 
   SharedMemory() = default;
   // Held in place by its region's record: never moved or copied.

@@ -251,7 +251,11 @@ Region EngineImpl::allocate(std::size_t length, Access access) {
   check_registration("allocate", access);
   auto rec = std::make_shared<RegionRecord>();
   rec->owned = std::make_shared<core::SharedMemory>();
-  if (Status s = core::SharedMemory::create(length, *rec->owned); !s.ok()) {
+  // Memory no peer may write is sealed so that the kernel, not only our checks, refuses writes:
+  // a read-only lent file reopened for writing still maps read-only.
+  if (Status s =
+          core::SharedMemory::create(length, *rec->owned, !allows(access, Access::kRemoteWrite));
+      !s.ok()) {
     throw Error(s.code(), "allocate " + std::to_string(length) + " bytes: " + s.message());
   }
   rec->base = rec->owned->data();

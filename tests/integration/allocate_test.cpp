@@ -1,7 +1,13 @@
 // Engine::allocate: regions whose memory the engine owns (a sealed memory file mapped shared),
 // moved over by peers like any region and freed with their region.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -12,6 +18,77 @@ namespace ferry::test {
 namespace {
 
 std::span<uint8_t> bytes_of(const Region& r) { return {static_cast<uint8_t*>(r.data()), r.size()}; }
+
+// The descriptor of this process's region memory file of `size` bytes, or -1.
+int region_file_of_size(off_t size) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    char target[256] = {};
+    std::string link = "/proc/self/fd/" + std::to_string(fd);
+    if (::readlink(link.c_str(), target, sizeof target - 1) < 0) continue;
+    struct stat st {};
+    if (std::strstr(target, "memfd:ferry-region") != nullptr && ::fstat(fd, &st) == 0 &&
+        st.st_size == size)
+      return fd;
+  }
+  return -1;
+}
+
+// What a process holding a descriptor of the file (as a peer it was lent to does) can do once
+// it reopens it for writing: 0 if it may write, else the errno that refused it.
+int reopened_for_writing_refuses(int fd, std::size_t size) {
+  std::string path = "/proc/self/fd/" + std::to_string(fd);
+  int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (rw < 0) return errno;
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+  int mapped = p == MAP_FAILED ? errno : 0;
+  if (p != MAP_FAILED) {
+    static_cast<uint8_t*>(p)[0] = 0x5a;
+    ::munmap(p, size);
+  }
+  uint8_t byte = 0x5b;
+  int written = ::pwrite(rw, &byte, 1, 1) == 1 ? 0 : errno;
+  ::close(rw);
+  return mapped != 0 && written != 0 ? mapped : 0;
+}
+
+TEST(Allocate, MemoryGrantingNoRemoteWriteIsWritableByNoOtherDescriptorOfItsFile) {
+  Engine e(test_config());
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  Region read_only = e.allocate(3 * page, Access::kRemoteRead);
+  Region writable = e.allocate(5 * page, Access::kRemoteReadWrite);
+  int ro_fd = region_file_of_size(static_cast<off_t>(3 * page));
+  int rw_fd = region_file_of_size(static_cast<off_t>(5 * page));
+  ASSERT_GE(ro_fd, 0);
+  ASSERT_GE(rw_fd, 0);
+
+  EXPECT_EQ(reopened_for_writing_refuses(ro_fd, 3 * page), EPERM);
+  EXPECT_EQ(bytes_of(read_only)[0], 0) << "a write reached the read-only region's memory";
+  EXPECT_EQ(bytes_of(read_only)[1], 0);
+  // A region peers may write is theirs to write, through its file too.
+  EXPECT_EQ(reopened_for_writing_refuses(rw_fd, 5 * page), 0);
+  EXPECT_EQ(bytes_of(writable)[0], 0x5a);
+
+  // The owner writes its memory as before, and a read-only mapping (a peer's) sees it.
+  bytes_of(read_only)[7] = 0x77;
+  void* p = ::mmap(nullptr, 3 * page, PROT_READ, MAP_SHARED, ro_fd, 0);
+  ASSERT_NE(p, MAP_FAILED) << std::strerror(errno);
+  EXPECT_EQ(static_cast<uint8_t*>(p)[7], 0x77);
+  ::munmap(p, 3 * page);
+
+  // A process of another user that holds the file (a peer it was lent to) is refused the same.
+  if (::geteuid() != 0) GTEST_SKIP() << "another user: needs root to become one";
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) _exit(99);
+    _exit(reopened_for_writing_refuses(ro_fd, 3 * page) == EPERM ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: written; 99: could not become another user";
+  EXPECT_EQ(bytes_of(read_only)[0], 0);
+}
 
 TEST(Allocate, AllocatedRegionsMoveBytesBothWays) {
   Pair p;

@@ -24,8 +24,8 @@ bool inside(uint64_t offset, uint64_t length, uint64_t size) {
 
 // A descriptor of the region's file that maps only as the region allows: the file itself when
 // the peer may write, else the file reopened read-only, which refuses a writable shared mapping
-// (and any later mprotect to one). A process that may read our memory could reopen the file
-// for writing through /proc; this guards against mistakes, as the region checks do.
+// (and any later mprotect to one). The file of such a region is also sealed against writes
+// (core::map_memory_file), so reopening it for writing through /proc gains a peer nothing.
 core::Fd file_to_lend(int backing_fd, bool writable, Status& error) {
   if (writable) {
     core::Fd dup(::fcntl(backing_fd, F_DUPFD_CLOEXEC, 0));
