@@ -201,7 +201,9 @@ struct Config {
   // of its data streams before it joins). When full, the oldest handshake of the source address
   // with the most pending is dropped for a new one, so one flooding host cannot lock others out.
   std::size_t max_handshakes = 256;
-  // Handshakes pending from one source address; more are refused at once.
+  // Handshakes pending from one source address; more are refused at once. A Ferry client so
+  // refused (a burst of engines on one host) tries again after a jittered backoff within its
+  // connect_timeout, so a legitimate burst connects in full while one source holds at most this.
   int max_handshakes_per_source = 32;
 };
 

@@ -30,6 +30,15 @@ namespace {
 // is 32 by default; tcp.streams may be 64).
 constexpr std::size_t kJoinsInFlight = 8;
 
+// The pause before trying a listener again that refused us as busy (kBusyRefusal), doubling
+// from the first to the most, each jittered down by up to half. Bounds, not measurements: the
+// first is about one loopback handshake, and the most keeps a refused client's wait short
+// against a connect_timeout of seconds. With them 256 engines of one host connecting at once
+// under the default max_handshakes_per_source (32) all connected (docs/architecture.md,
+// "Handshakes").
+constexpr Duration kBusyBackoffFirst = std::chrono::milliseconds(5);
+constexpr Duration kBusyBackoffMost = std::chrono::milliseconds(200);
+
 // One connection the dialer drives: the control connection, or a side connection joining.
 struct Link {
   core::Fd fd;    // until it moves into the peer (control) or its channel (side)
@@ -38,6 +47,11 @@ struct Link {
   bool connecting = false;     // its non-blocking connect() is under way
   std::vector<uint8_t> reply;  // the whole answer (header and body), once it came
 };
+
+// Why a connect woken to stop stopped.
+Status cancelled(bool engine_stopping) {
+  return {ErrorCode::kCancelled, engine_stopping ? "engine shut down" : "stopped by the caller"};
+}
 
 // Runs handshake steps on links: each sends what it queued and takes one answer.
 class Dialer {
@@ -83,8 +97,8 @@ class Dialer {
       int n =
           ::poll(polled.data(), polled.size(), static_cast<int>(std::min<int64_t>(left, 60'000)));
       if (n < 0 && errno != EINTR) return core::sys_status("poll");
-      if (polled[waiting.size()].revents != 0) return {ErrorCode::kCancelled, "engine shut down"};
-      if (polled.back().revents != 0) return {ErrorCode::kCancelled, "stopped by the caller"};
+      if (polled[waiting.size()].revents != 0) return cancelled(true);
+      if (polled.back().revents != 0) return cancelled(false);
       for (std::size_t i = 0; n > 0 && i < waiting.size(); ++i) {
         if (polled[i].revents == 0) continue;
         Link& l = *waiting[i];
@@ -135,6 +149,11 @@ class Dialer {
   const int stopped_;
 };
 
+[[noreturn]] void connect_failed(const core::HostPort& where, const Status& s,
+                                 const std::string& step = {}) {
+  throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
+}
+
 std::span<const uint8_t> body_of(const Link& l) {
   return std::span(l.reply).subspan(core::kFrameHeaderSize);
 }
@@ -153,15 +172,12 @@ Peer EngineImpl::connect(std::string_view host_port, const std::stop_token& stop
                       " peers connected (max_peers " + std::to_string(config.max_peers) + ")");
     }
   }
-  auto fail = [&](const Status& s, const std::string& step = {}) {
-    throw Error(s.code(), "connect " + where.to_string() + ": " + step + s.message());
-  };
   core::Deadline deadline = Clock::now() + config.connect_timeout;
   // A stop requested on `stop` wakes the dialer through an eventfd of this call's own.
   core::Fd stopped;
   if (stop.stop_possible()) {
     stopped = core::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!stopped.valid()) fail(core::sys_status("eventfd"));
+    if (!stopped.valid()) connect_failed(where, core::sys_status("eventfd"));
   }
   auto on_stop_requested = [fd = stopped.get()] {
     uint64_t one = 1;
@@ -169,12 +185,37 @@ Peer EngineImpl::connect(std::string_view host_port, const std::stop_token& stop
   };
   std::optional<std::stop_callback<decltype(on_stop_requested)>> on_stop;
   if (stopped.valid()) on_stop.emplace(stop, on_stop_requested);
-  Dialer dialer(where.to_string(), deadline, connect_cancel_.get(), stopped.get());
+  // A listener busy with other handshakes from our host (many processes starting at once) is
+  // tried again after a backoff, until the deadline.
+  for (Duration backoff = kBusyBackoffFirst;; backoff = std::min(backoff * 2, kBusyBackoffMost)) {
+    try {
+      return dial(where, deadline, stopped.get());
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kResourceExhausted ||
+          e.status().message().find(engine::kBusyRefusal) == std::string::npos) {
+        throw;
+      }
+      // Jittered, so that a burst refused together does not come back together.
+      Duration pause = backoff / 2 + Duration(core::random_u64() %
+                                              (static_cast<uint64_t>(backoff.count()) / 2 + 1));
+      if (Clock::now() + pause >= deadline) throw;
+      pollfd wake[] = {{connect_cancel_.get(), POLLIN, 0}, {stopped.get(), POLLIN, 0}};
+      int ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(pause).count());
+      if (::poll(wake, 2, ms) > 0) connect_failed(where, cancelled(stopping_.load()));
+    }
+  }
+}
+
+Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int stopped) {
+  auto fail = [&](const Status& s, const std::string& step = {}) {
+    connect_failed(where, s, step);
+  };
+  Dialer dialer(where.to_string(), deadline, connect_cancel_.get(), stopped);
   Link control;
-  const int wake[] = {connect_cancel_.get(), stopped.get()};
+  const int wake[] = {connect_cancel_.get(), stopped};
   if (Status s = core::connect_tcp(where, deadline, control.fd, wake); !s.ok()) {
     if (s.code() != ErrorCode::kCancelled) throw Error(s);
-    fail({ErrorCode::kCancelled, stopping_.load() ? "engine shut down" : "stopped by the caller"});
+    fail(cancelled(stopping_.load()));
   }
   core::tune_socket(control.fd.get(), config.peer_timeout);
   core::throw_if_error(core::set_nonblocking(control.fd.get(), true));

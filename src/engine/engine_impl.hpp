@@ -160,6 +160,8 @@ class EngineImpl final : public transport::Host,
   std::vector<std::string> advertised;  // Engine::addresses(): empty when not listening
 
  private:
+  // One attempt of connect(): throws what failed, naming the step.
+  Peer dial(const core::HostPort& where, core::Deadline deadline, int stopped);
   // Refuses registration once shut down, and access flags it does not know.
   void check_registration(const char* call, Access access) const;
   // Registers `rec` (its base and length set) with the table and every transport.

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/crypto.hpp"
@@ -82,6 +83,11 @@ struct Join {
   TransportKind kind{};
   uint16_t index = 0;
 };
+
+// How a listener's refusal of a source with too many handshakes pending begins: the dialer
+// retries on it, within its connect_timeout (a legitimate burst from one host), and on nothing
+// else.
+inline constexpr std::string_view kBusyRefusal = "too many handshakes pending from ";
 
 struct ErrorMsg {
   ErrorCode code = ErrorCode::kProtocol;

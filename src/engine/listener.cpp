@@ -186,7 +186,7 @@ void Listener::admit(core::Fd fd, Clock::time_point now) {
     uint8_t scratch[512];
     (void)::recv(h->sock, scratch, sizeof scratch, MSG_DONTWAIT);
     auto frame = engine::encode(engine::ErrorMsg{
-        ErrorCode::kResourceExhausted, "too many handshakes pending from " + h->source +
+        ErrorCode::kResourceExhausted, std::string(engine::kBusyRefusal) + h->source +
                                            " (max_handshakes_per_source " +
                                            std::to_string(config.max_handshakes_per_source) + ")"});
     (void)::send(h->sock, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -108,5 +108,46 @@ TEST(Dialer, AStopRequestedByTheCallerEndsTheConnectAndTheEngineServesOn) {
   EXPECT_TRUE(e.connect(target.address()).connected());
 }
 
+// Many engines of one host connecting at once to one target (worker processes starting
+// together), more than its per-source handshake limit: the refused ones try again within their
+// connect_timeout, and every one connects and moves bytes. The limit is lowered so that a small
+// burst exceeds it many times over.
+TEST(Dialer, ABurstFromOneHostBeyondItsHandshakeLimitConnectsInFull) {
+  Config target_config = test_config();
+  target_config.max_handshakes_per_source = 2;
+  Engine target(target_config);
+  constexpr int kEngines = 16;
+  std::vector<uint8_t> theirs(kEngines, 0);
+  Region granted = target.register_memory(theirs.data(), theirs.size(), Access::kRemoteWrite);
+  Descriptor d = granted.descriptor();
+
+  Config c = test_config();
+  c.listen = false;
+  c.connect_timeout = std::chrono::seconds(60);  // generous: sanitizer runs on 2 cores
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int i = 0; i < kEngines; ++i) engines.push_back(std::make_unique<Engine>(c));
+  std::vector<std::future<Status>> connects;
+  for (int i = 0; i < kEngines; ++i) {
+    connects.push_back(std::async(std::launch::async, [&, i] {
+      try {
+        Peer peer = engines[i]->connect(target.address());
+        uint8_t mine = static_cast<uint8_t>(i + 1);
+        Region source = engines[i]->register_memory(&mine, 1, Access::kLocal);
+        Transfer t{&source, 0, &d, static_cast<uint64_t>(i), 1};
+        return peer.write({&t, 1}).wait(kWait);
+      } catch (const Error& e) {
+        return e.status();
+      }
+    }));
+  }
+  for (auto& f : connects) {
+    Status s = f.get();
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  }
+  for (int i = 0; i < kEngines; ++i)
+    EXPECT_EQ(theirs[i], static_cast<uint8_t>(i + 1)) << "engine " << i;
+  EXPECT_GT(target.stats().refused_connections, 0u) << "the burst never exceeded the limit";
+}
+
 }  // namespace
 }  // namespace ferry::test
