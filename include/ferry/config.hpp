@@ -205,6 +205,13 @@ struct Config {
   // refused (a burst of engines on one host) tries again after a jittered backoff within its
   // connect_timeout, so a legitimate burst connects in full while one source holds at most this.
   int max_handshakes_per_source = 32;
+  // Peers one source address may hold (incoming, admitted or still joining): below max_peers,
+  // so one host cannot take every place and lock the others out.
+  std::size_t max_peers_per_source = 512;
+  // Of those, peers admitted whose data streams have not all joined yet (unproven: a client may
+  // stop after CHANNEL_ADDRESSES). Each holds its channels, ~80 KiB, until it joins or
+  // connect_timeout passes.
+  std::size_t max_joining_per_source = 32;
 };
 
 }  // namespace ferry

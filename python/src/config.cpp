@@ -142,6 +142,8 @@ void bind_config(nb::module_& m) {
       .def_rw("max_peers", &Config::max_peers)
       .def_rw("max_handshakes", &Config::max_handshakes)
       .def_rw("max_handshakes_per_source", &Config::max_handshakes_per_source)
+      .def_rw("max_peers_per_source", &Config::max_peers_per_source)
+      .def_rw("max_joining_per_source", &Config::max_joining_per_source)
       .def_rw("max_queued_imms", &Config::max_queued_imms)
       .def_rw("max_queued_imms_total", &Config::max_queued_imms_total)
       .def(

@@ -512,7 +512,8 @@ void EngineImpl::peer_closed(PeerImpl* peer) {
   accept_cv_.notify_all();
 }
 
-Status EngineImpl::check_admission(const engine::Hello& hello, bool proven) {
+Status EngineImpl::check_admission(const engine::Hello& hello, const std::string& source,
+                                   bool proven) {
   std::shared_ptr<PeerImpl> replaced;
   {
     std::lock_guard lock(mu_);
@@ -544,6 +545,24 @@ Status EngineImpl::check_admission(const engine::Hello& hello, bool proven) {
       return {ErrorCode::kResourceExhausted, std::to_string(count) +
                                                  " peers connected (max_peers " +
                                                  std::to_string(config.max_peers) + ")"};
+    }
+    // One source's share: its admitted peers, and of them those not yet proven by their joins.
+    auto from_source = [&](const std::shared_ptr<PeerImpl>& p) {
+      return p != replaced && p->incoming && p->source == source;
+    };
+    std::size_t joining = 0, held = 0;
+    for (const auto& j : joining_) joining += from_source(j.second.peer);
+    for (const auto& p : peers_) held += from_source(p);
+    if (joining >= config.max_joining_per_source) {
+      return {ErrorCode::kResourceExhausted,
+              std::string(engine::kBusyRefusal) + std::to_string(joining) + " peers from " +
+                  source + " are still joining (max_joining_per_source " +
+                  std::to_string(config.max_joining_per_source) + ")"};
+    }
+    if (held + joining >= config.max_peers_per_source) {
+      return {ErrorCode::kResourceExhausted,
+              std::to_string(held + joining) + " peers connected from " + source +
+                  " (max_peers_per_source " + std::to_string(config.max_peers_per_source) + ")"};
     }
   }
   if (replaced) {

@@ -125,7 +125,8 @@ class EngineImpl final : public transport::Host,
   engine::Identity identity() const override { return {id, incarnation, locality}; }
   // Also: no other live peer that connected to us holds the engine id (a newer incarnation
   // that proved the secret replaces the older one), and the max_peers cap.
-  Status check_admission(const engine::Hello& hello, bool proven) override;
+  Status check_admission(const engine::Hello& hello, const std::string& source,
+                         bool proven) override;
   Status create_peer(const engine::Hello& hello, const std::string& address,
                      const std::vector<TransportKind>& channels, core::Fd& control,
                      std::shared_ptr<PeerImpl>& out) override;

@@ -84,10 +84,10 @@ struct Join {
   uint16_t index = 0;
 };
 
-// How a listener's refusal of a source with too many handshakes pending begins: the dialer
-// retries on it, within its connect_timeout (a legitimate burst from one host), and on nothing
-// else.
-inline constexpr std::string_view kBusyRefusal = "too many handshakes pending from ";
+// How a listener's refusal begins when the client's host has too much under way (handshakes
+// pending, peers still joining): the dialer tries again on it, within its connect_timeout (a
+// legitimate burst from one host), and on no other refusal.
+inline constexpr std::string_view kBusyRefusal = "busy: ";
 
 struct ErrorMsg {
   ErrorCode code = ErrorCode::kProtocol;

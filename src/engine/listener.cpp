@@ -186,7 +186,8 @@ void Listener::admit(core::Fd fd, Clock::time_point now) {
     uint8_t scratch[512];
     (void)::recv(h->sock, scratch, sizeof scratch, MSG_DONTWAIT);
     auto frame = engine::encode(engine::ErrorMsg{
-        ErrorCode::kResourceExhausted, std::string(engine::kBusyRefusal) + h->source +
+        ErrorCode::kResourceExhausted, std::string(engine::kBusyRefusal) +
+                                           "too many handshakes pending from " + h->source +
                                            " (max_handshakes_per_source " +
                                            std::to_string(config.max_handshakes_per_source) + ")"});
     (void)::send(h->sock, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -293,7 +294,7 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   core::random_bytes(ack.token);
   if (!config.secret.empty()) {
     ack.mac = engine::auth_mac(config.secret, true, transcript(h));
-  } else if (Status s = engine_.check_admission(h.hello, false); !s.ok()) {
+  } else if (Status s = engine_.check_admission(h.hello, h.source, false); !s.ok()) {
     return s;  // refused before the client learns a session token
   }
   if (Status s = queue(h, engine::encode(ack)); !s.ok()) return s;
@@ -311,7 +312,7 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, transcript(h)))) {
     return {ErrorCode::kAuthFailed, "wrong shared secret"};
   }
-  if (Status s = engine_.check_admission(h.hello, true); !s.ok()) return s;
+  if (Status s = engine_.check_admission(h.hello, h.source, true); !s.ok()) return s;
   if (Status s = queue(h, engine::encode_empty(FrameType::kAuthOk)); !s.ok()) return s;
   return admit_peer(h);
 }

@@ -37,8 +37,10 @@ class ListenerHost {
   // The channels a client `reach` away that offered `offered` gets.
   virtual std::vector<TransportKind> channels_for(std::span<const TransportKind> offered,
                                                   Reach reach) const = 0;
-  // Whether a peer claiming `hello`'s identity may join (`proven`: it proved the secret).
-  virtual Status check_admission(const engine::Hello& hello, bool proven) = 0;
+  // Whether a peer claiming `hello`'s identity, connecting from `source`, may join (`proven`:
+  // it proved the secret).
+  virtual Status check_admission(const engine::Hello& hello, const std::string& source,
+                                 bool proven) = 0;
   // Admits the client and creates its peer and channels; `control` moves into the peer.
   virtual Status create_peer(const engine::Hello& hello, const std::string& address,
                              const std::vector<TransportKind>& channels, core::Fd& control,

@@ -129,12 +129,21 @@ struct PeerImpl::Control final : core::Reactor::Handler {
   }
 };
 
+namespace {
+// The host of a "host:port" (an IPv6 host without its brackets), as the listener names a source.
+std::string source_host(const std::string& address) {
+  core::HostPort hp;
+  return core::parse_host_port(address, hp).ok() ? hp.host : address;
+}
+}  // namespace
+
 PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remote,
                    std::string addr, bool from_peer, core::Fd control)
     : engine_id(remote.engine_id),
       incarnation(remote.incarnation),
       address(std::move(addr)),
       incoming(from_peer),
+      source(from_peer ? source_host(address) : std::string()),
       engine(std::move(eng)),
       link(std::make_shared<transport::PeerLink>(
           remote.engine_id, engine->config.max_unexpected_bytes, engine->unexpected_budget)),

@@ -93,6 +93,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   const uint64_t incarnation;
   const std::string address;
   const bool incoming;
+  // The host an incoming peer connected from (its per-source admission caps); empty otherwise.
+  const std::string source;
   std::shared_ptr<EngineImpl> engine;
   std::shared_ptr<transport::PeerLink> link;
   const Reach reach;      // how far the peer is, as the handshake showed

@@ -39,8 +39,10 @@ void validate(const Config& c) {
   }
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
   if (c.revoke_timeout.count() < 0) bad("revoke_timeout must be >= 0");
-  if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1) {
-    bad("max_peers, max_handshakes and max_handshakes_per_source must be >= 1");
+  if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1 ||
+      c.max_peers_per_source < 1 || c.max_joining_per_source < 1) {
+    bad("max_peers, max_handshakes, max_handshakes_per_source, max_peers_per_source and "
+        "max_joining_per_source must be >= 1");
   }
   if (c.transports.empty()) bad("transports is empty");
   if (Status s = transport::check_settings(c); !s.ok()) bad(s.message());

@@ -203,6 +203,61 @@ TEST(Hostile, MaxPeersIsEnforcedAndFreedByLeavingPeers) {
   }
 }
 
+// The refusal a raw client from `source` gets at its HELLO (the frame type, and the message of
+// an ERROR frame).
+std::pair<core::FrameType, std::string> answer_to_hello(Engine& server, uint64_t id,
+                                                        const std::string& source) {
+  Raw raw(server, source);
+  raw.send(engine::encode(hello_from(id)));
+  core::FrameHeader h;
+  std::vector<uint8_t> body;
+  EXPECT_TRUE(raw.read(h, body).ok());
+  engine::ErrorMsg e;
+  if (h.type == core::FrameType::kError) {
+    EXPECT_TRUE(engine::decode(body, e).ok());
+  }
+  return {h.type, e.message};
+}
+
+// One source address cannot take every peer place: its peers not yet proven by their joins,
+// and its peers in all, are capped below max_peers; other sources are admitted meanwhile.
+TEST(Hostile, OneSourceHoldsOnlyItsShareOfPeerPlaces) {
+  {
+    Config c = patient_server();  // unjoined places do not expire during the test
+    c.tcp.streams = 2;            // a raw peer joins one stream of two: it stays joining
+    c.max_joining_per_source = 3;
+    Engine server(c);
+    std::vector<std::unique_ptr<RawPeer>> unjoined;
+    for (uint64_t id = 600; id < 603; ++id) {
+      unjoined.push_back(std::make_unique<RawPeer>(server, id, kOtherHost));
+    }
+    ASSERT_TRUE(eventually([&] { return server.stats().peers == 3; }));
+    auto [type, said] = answer_to_hello(server, 603, kOtherHost);
+    EXPECT_EQ(type, core::FrameType::kError);
+    EXPECT_NE(said.find("max_joining_per_source 3"), std::string::npos) << said;
+    expect_legitimate_peer_served(server);  // from 127.0.0.1
+  }
+  {
+    Config c = test_config();
+    c.tcp.streams = 1;  // a raw peer joins its one stream: admitted in full
+    c.max_peers_per_source = 3;
+    Engine server(c);
+    std::vector<std::unique_ptr<RawPeer>> admitted;
+    for (uint64_t id = 700; id < 703; ++id) {
+      admitted.push_back(std::make_unique<RawPeer>(server, id, kOtherHost));
+    }
+    ASSERT_TRUE(eventually([&] { return server.stats().peers == 3; }));
+    auto [type, said] = answer_to_hello(server, 703, kOtherHost);
+    EXPECT_EQ(type, core::FrameType::kError);
+    EXPECT_NE(said.find("max_peers_per_source 3"), std::string::npos) << said;
+    expect_legitimate_peer_served(server);
+    // A place given back is the source's again.
+    admitted.pop_back();
+    ASSERT_TRUE(eventually([&] { return server.stats().peers == 2; }));
+    EXPECT_EQ(answer_to_hello(server, 704, kOtherHost).first, core::FrameType::kHelloAck);
+  }
+}
+
 TEST(Hostile, PeersThatLeaveUnacceptedTakeEverythingWithThem) {
   Engine server(test_config());
   Engine client(test_config());
