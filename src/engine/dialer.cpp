@@ -113,13 +113,24 @@ class Dialer {
 
  private:
   Status advance(Link& l, short revents) {
+    Status s;
     if (l.connecting) {
       if ((revents & (POLLOUT | POLLERR | POLLHUP)) == 0) return {};
-      if (Status s = core::finish_connect(l.sock, where_); !s.ok()) return s;
-      l.connecting = false;
+      s = core::finish_connect(l.sock, where_);
+      if (s.ok()) l.connecting = false;
     }
-    if (Status s = l.io.flush(); !s.ok()) return s;
+    if (s.ok()) s = l.io.flush();
+    if (!s.ok()) {
+      // A listener that refused us at once (busy) closes before our frame arrives, which resets
+      // the connection; its answer, received before the reset, still waits here and says why.
+      return read_reply(l).ok() && !l.reply.empty() ? Status() : s;
+    }
     if ((revents & (POLLIN | POLLERR | POLLHUP)) == 0) return {};
+    return read_reply(l);
+  }
+
+  // Reads until a whole frame is in l.reply or nothing more is there yet.
+  static Status read_reply(Link& l) {
     FrameHeader header;
     for (bool progressed = true; progressed && l.reply.empty();) {
       if (Status s = l.io.read(progressed, header, l.reply); !s.ok()) return s;
