@@ -282,10 +282,19 @@ void bind_peers(nb::class_<PyEngine>& cls) {
                finished = true;
                cv.notify_all();
              });
-             wait_interruptibly(Clock::time_point::max(), [&](Duration slice) {
-               std::unique_lock lock(mu);
-               return cv.wait_for(lock, slice, [&] { return finished; });
-             });
+             try {
+               wait_interruptibly(Clock::time_point::max(), [&](Duration slice) {
+                 std::unique_lock lock(mu);
+                 return cv.wait_for(lock, slice, [&] { return finished; });
+               });
+             } catch (...) {
+               dialing.request_stop();
+               {
+                 nb::gil_scoped_release unlocked;  // a name lookup under way cannot be stopped
+                 dialing.join();
+               }
+               throw;
+             }
            }
            if (failed) std::rethrow_exception(failed);
            return new PyPeer{std::move(peer), nb::borrow(self)};

@@ -1,6 +1,7 @@
 #include "core/callback_scope.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -13,24 +14,32 @@ thread_local int CallbackScope::depth_ = 0;
 
 namespace {
 
+// Never destroyed: a thread joined at exit may start another (a shutdown that drops a Region),
+// and each refers to this list.
 struct DetachedThreads {
   std::mutex mu;
   std::vector<std::thread> running;
   std::vector<std::thread::id> finished;  // in `running` still, to be joined by the next start
   uint64_t born = fork_generation();      // of those in `running`
 
-  ~DetachedThreads() {
-    std::vector<std::thread> all;
-    {
-      std::lock_guard lock(mu);
-      forget_inherited_locked();
-      all.swap(running);
-    }
-    for (auto& t : all) {
-      if (t.get_id() != std::this_thread::get_id()) {
-        t.join();
-      } else {
-        t.detach();  // the process exits from one of them
+  // At exit (std::atexit, so before the statics made earlier are destroyed): joins them all,
+  // and those they start meanwhile.
+  void join_all() {
+    for (;;) {
+      std::vector<std::thread> all;
+      {
+        std::lock_guard lock(mu);
+        forget_inherited_locked();
+        all.swap(running);
+        finished.clear();
+      }
+      if (all.empty()) return;
+      for (auto& t : all) {
+        if (t.get_id() != std::this_thread::get_id()) {
+          t.join();
+        } else {
+          t.detach();  // the process exits from one of them
+        }
       }
     }
   }
@@ -60,8 +69,12 @@ struct DetachedThreads {
 };
 
 DetachedThreads& detached_threads() {
-  static DetachedThreads threads;
-  return threads;
+  static DetachedThreads* threads = [] {
+    auto* made = new DetachedThreads;
+    std::atexit([] { detached_threads().join_all(); });
+    return made;
+  }();
+  return *threads;
 }
 
 }  // namespace

@@ -25,8 +25,9 @@ class CallbackScope {
 };
 
 // Runs `work` on a thread of its own. Threads still running when the process exits are joined
-// then (static destruction), so what they finish (an engine's shutdown, bounded by its own
-// timeouts) is not cut off halfway.
+// then (an std::atexit handler, with any they start meanwhile), so what they finish (an
+// engine's shutdown, bounded by its own timeouts) is not cut off halfway. Throws
+// std::system_error when no thread can be started.
 void run_detached(std::function<void()> work);
 
 }  // namespace ferry::core

@@ -4,8 +4,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <mutex>
 
+#include "core/log.hpp"
 #include "core/sys.hpp"
 
 namespace ferry::core {
@@ -31,7 +34,20 @@ Status map_memory_file(const char* name, unsigned flags, std::size_t size, Fd& f
   // from now on, through any descriptor of the file, however reopened (/proc/PID/fd/N).
   int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
   if (only_this_mapping_writes) seals |= F_SEAL_FUTURE_WRITE;
-  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0) {
+  int added = ::fcntl(fd.get(), F_ADD_SEALS, seals);
+  if (added != 0 && errno == EINVAL && only_this_mapping_writes) {
+    // A kernel before Linux 5.1 has no F_SEAL_FUTURE_WRITE: a peer is lent a read-only
+    // reopening of the file (shm_mapped.cpp), which a process that may reopen it can undo.
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      log(LogLevel::kWarn, "memory", [] {
+        return "this kernel cannot seal memory against writes (F_SEAL_FUTURE_WRITE, Linux 5.1): "
+               "a same-host peer lent read-only memory could reopen it for writing";
+      });
+    });
+    added = ::fcntl(fd.get(), F_ADD_SEALS, seals & ~F_SEAL_FUTURE_WRITE);
+  }
+  if (added != 0) {
     Status s = sys_status(only_this_mapping_writes ? "fcntl F_ADD_SEALS (with F_SEAL_FUTURE_WRITE)"
                                                    : "fcntl F_ADD_SEALS");
     ::munmap(p, size);

@@ -677,19 +677,36 @@ void EngineImpl::housekeeping() {
 }
 
 void EngineImpl::shutdown() {
-  if (stopping_.exchange(true)) return;
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t woke = ::write(connect_cancel_.get(), &one, sizeof one);
-  Status cancelled{ErrorCode::kCancelled, "engine shut down"};
-  for (auto& p : peers_with_channels()) p->close(cancelled);
+  if (!stopping_.exchange(true)) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t woke = ::write(connect_cancel_.get(), &one, sizeof one);
+    Status cancelled{ErrorCode::kCancelled, "engine shut down"};
+    for (auto& p : peers_with_channels()) p->close(cancelled);
+  }
   // From a callback the rest would join the thread running it: it goes to a thread of its own,
   // which holds the engine until done. The peers are closed either way, so what follows this
   // call fails at once.
   if (core::CallbackScope::inside()) {
-    if (auto self = weak_from_this().lock()) {
+    auto self = weak_from_this().lock();
+    std::lock_guard lock(finish_mu_);
+    if (finish_ != Finish::kNotStarted || !self) return;
+    try {
       core::run_detached([self] { self->finish_shutdown(); });
+      finish_ = Finish::kRunning;
+    } catch (const std::system_error& e) {
+      // Left to the next shutdown() outside a callback (the engine's destructor at the latest).
+      core::log(LogLevel::kError, "engine",
+                [&] { return std::string("shutdown: no thread to finish it: ") + e.what(); });
+    }
+    return;
+  }
+  {
+    std::unique_lock lock(finish_mu_);
+    if (finish_ != Finish::kNotStarted) {
+      finish_cv_.wait(lock, [&] { return finish_ == Finish::kDone; });
       return;
     }
+    finish_ = Finish::kRunning;
   }
   finish_shutdown();
 }
@@ -726,6 +743,11 @@ void EngineImpl::finish_shutdown() {
   }
   accept_cv_.notify_all();
   imm_cv_.notify_all();
+  {
+    std::lock_guard lock(finish_mu_);
+    finish_ = Finish::kDone;
+  }
+  finish_cv_.notify_all();
 }
 
 }  // namespace ferry::detail

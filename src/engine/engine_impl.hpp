@@ -191,6 +191,13 @@ class EngineImpl final : public transport::Host,
   // Readable once shutdown() began: it wakes every connect() under way (dialer.cpp).
   core::Fd connect_cancel_;
   std::atomic<bool> stopping_{false};
+  // Where shutdown() stands once stopping_ is set: the peers closed, finish_shutdown() under
+  // way (perhaps on a thread of its own, for a shutdown from a callback), or done. A shutdown()
+  // outside a callback returns only once done, running the finish itself if nobody started it.
+  enum class Finish { kNotStarted, kRunning, kDone };
+  std::mutex finish_mu_;
+  std::condition_variable finish_cv_;
+  Finish finish_ = Finish::kNotStarted;  // under finish_mu_
 
   mutable std::mutex mu_;  // peers, joining, accept queue
   std::condition_variable accept_cv_;

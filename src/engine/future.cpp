@@ -29,6 +29,8 @@ Future& Future::operator=(Future&& o) noexcept {
 }
 Future::~Future() {
   if (op_ == nullptr) return;
+  // In a forked child the op is the parent's: its pool's locks and wake-ups are not ours.
+  if (core::fork_generation() != op_->pool->born) return;
   if (!op_->done.load(std::memory_order_acquire)) op_->pool->unwatched();
   op_->release();
 }
