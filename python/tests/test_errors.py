@@ -250,10 +250,11 @@ def test_ctrl_c_ends_every_blocking_call(pair):
     silent.close()
 
 
-CALLBACK_SCRIPT = r"""
+# Two engines in one process, connected over the transport argv[1] names: the initiator's
+# region `source` holds argv[2] random bytes `mine`, the target's `granted` (descriptor `d`) as
+# many zeros `theirs`, which the initiator may write. The scripts below go on from here.
+PAIR_SCRIPT = r"""
 import sys
-import threading
-import time
 
 import numpy as np
 
@@ -265,11 +266,27 @@ initiator = ferry.Engine(**options)
 peer = initiator.connect(target.address)
 target_peer = target.accept(20.0)
 assert target_peer is not None
-mine = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
-theirs = np.zeros(1 << 20, np.uint8)
+size = int(sys.argv[2])
+mine = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+theirs = np.zeros(size, np.uint8)
 source = initiator.register(mine)
 granted = target.register(theirs, access=ferry.Access.REMOTE_WRITE)
 d = granted.descriptor()
+"""
+
+
+def run_script(body: str, transport: str, size: int) -> None:
+    # In a process of its own: the interpreter must exit too.
+    run = subprocess.run([sys.executable, "-c", PAIR_SCRIPT + body, transport, str(size)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+CALLBACK_SCRIPT = r"""
+import threading
+import time
+
 part = len(mine) // 8
 
 said = {}
@@ -340,32 +357,12 @@ print("ok", flush=True)
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_deregister_and_shutdown_from_a_callback_neither_hang_nor_stop_the_rest(transport):
-    # In a process of its own: the interpreter must exit too.
-    run = subprocess.run([sys.executable, "-c", CALLBACK_SCRIPT, transport],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ok"
+    run_script(CALLBACK_SCRIPT, transport, 1 << 20)
 
 
 FORK_SCRIPT = r"""
 import multiprocessing
 import os
-import sys
-
-import numpy as np
-
-import ferry
-
-options = dict(peer_timeout=5.0, connect_timeout=5.0, wait_spin=0.0, transports=[sys.argv[1]])
-target = ferry.Engine(**options)
-initiator = ferry.Engine(**options)
-peer = initiator.connect(target.address)
-target_peer = target.accept(20.0)
-mine = np.random.default_rng(2).integers(0, 256, 1 << 16, dtype=np.uint8)
-theirs = np.zeros(1 << 16, np.uint8)
-source = initiator.register(mine)
-granted = target.register(theirs, access=ferry.Access.REMOTE_WRITE)
-d = granted.descriptor()
 
 
 def use_inherited(results):
@@ -411,7 +408,4 @@ print("ok", flush=True)
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_forked_children_find_inherited_engines_inert_and_the_parent_goes_on(transport):
-    run = subprocess.run([sys.executable, "-c", FORK_SCRIPT, transport],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ok"
+    run_script(FORK_SCRIPT, transport, 1 << 16)
