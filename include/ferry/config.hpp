@@ -139,8 +139,16 @@ struct Config {
   int progress_threads = 1;
   // When set, peers must prove knowledge of it (HMAC-SHA256 challenge in both directions).
   std::string secret{};
-  // Stable engine id; 0 picks a random one. The incarnation is always new per Engine.
-  uint64_t engine_id = 0;
+  // The engine's identity: an Ed25519 private key (PEM, PKCS#8), created there, readable by its
+  // owner only, when the file does not exist. The engine id is derived from its public key, and
+  // every handshake proves the key (a signature), so no peer, even one that knows `secret`, can
+  // take another engine's id. Empty: a new key per Engine, so a new id. The incarnation is
+  // always new per Engine; a newer incarnation of a connected id replaces the older.
+  std::string identity_file{};
+  // When not empty, only engines whose public key (Engine::public_key, base64url) is listed here
+  // are admitted, and connect() refuses a listener whose key is not: pinning, on top of or
+  // instead of `secret`.
+  std::vector<std::string> trusted_keys{};
 
   // Speed settings; docs/performance.md has the measurements behind each default.
   // Large transfers are cut into slices of this size: 1-4 MiB moved as much, 256 KiB less

@@ -248,6 +248,9 @@ class FERRY_API Peer {
 
   uint64_t engine_id() const;
   uint64_t incarnation() const;
+  // The peer engine's identity key (base64url), which it proved in the handshake: what a
+  // Config::trusted_keys list names.
+  std::string public_key() const;
   std::string address() const;
   // The transport that carries write / read between host memory (routes() has the rest).
   // Throws kInvalidArgument on an empty handle, as the operations do.
@@ -273,8 +276,8 @@ class FERRY_API Peer {
 struct ImmEvent {
   uint64_t peer_engine_id = 0;
   uint32_t imm = 0;
-  // The connection the notification arrived on (the engine id is what that peer claimed; with
-  // a secret, what it proved).
+  // The connection the notification arrived on; the engine id is the one that peer proved (its
+  // identity key signed the handshake).
   Peer peer{};
 };
 
@@ -302,8 +305,11 @@ class FERRY_API Engine {
   // host's loopback last).
   std::vector<std::string> addresses() const;
   uint16_t port() const;
+  // Derived from the identity key (Config::identity_file): stable across restarts with one file.
   uint64_t id() const;
   uint64_t incarnation() const;
+  // The identity key's public half (base64url, 43 characters), for peers' trusted_keys.
+  std::string public_key() const;
   const Config& config() const;
 
   // `keep_alive` (optional) is held until the registration has ended: dropped after the region's

@@ -179,6 +179,7 @@ void bind_state(nb::class_<PyEngine>& cls) {
       .def_prop_ro("port", [](const PyEngine& e) { return e.get().port(); })
       .def_prop_ro("id", [](const PyEngine& e) { return e.get().id(); })
       .def_prop_ro("incarnation", [](const PyEngine& e) { return e.get().incarnation(); })
+      .def_prop_ro("public_key", [](const PyEngine& e) { return e.get().public_key(); })
       .def_prop_ro(
           "stats",
           [](const PyEngine& e) {

@@ -183,6 +183,7 @@ void bind_peer(nb::module_& m) {
            "Receive the next message with `tag` into the region; Future.bytes is its length.")
       .def_prop_ro("engine_id", [](const PyPeer& p) { return p.peer.engine_id(); })
       .def_prop_ro("incarnation", [](const PyPeer& p) { return p.peer.incarnation(); })
+      .def_prop_ro("public_key", [](const PyPeer& p) { return p.peer.public_key(); })
       .def_prop_ro("address", [](const PyPeer& p) { return p.peer.address(); })
       .def_prop_ro("transport",
                    [](const PyPeer& p) { return std::string(to_string(p.peer.transport())); })

@@ -143,6 +143,32 @@ def test_connect_failed_and_auth_failed():
             e.shutdown()
 
 
+def test_an_identity_file_keeps_the_id_and_trusted_keys_admit_only_its_key(tmp_path):
+    path = str(tmp_path / "identity.pem")
+    first = ferry.Engine(**config(listen=False, identity_file=path))
+    first_id, first_key = first.id, first.public_key
+    first.shutdown()
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    again = ferry.Engine(**config(listen=False, identity_file=path))
+    server = ferry.Engine(**config(trusted_keys=[first_key]))
+    stranger = ferry.Engine(**config(listen=False))
+    try:
+        assert (again.id, again.public_key) == (first_id, first_key)
+        assert again.incarnation != 0
+        peer = again.connect(server.address)
+        assert peer.public_key == server.public_key
+        accepted = server.accept(WAIT)
+        assert accepted is not None
+        assert (accepted.engine_id, accepted.public_key) == (first_id, first_key)
+        with pytest.raises(ferry.AuthFailed, match="trusted_keys"):
+            stranger.connect(server.address)
+    finally:
+        for e in (again, server, stranger):
+            e.shutdown()
+    with pytest.raises(ferry.InvalidArgument, match="trusted_keys"):
+        ferry.Engine(**config(trusted_keys=["not a key"]))
+
+
 def test_max_peers_refuses_with_resource_exhausted():
     server = ferry.Engine(**config(max_peers=1))
     first = ferry.Engine(**config(listen=False))

@@ -24,8 +24,8 @@ bool is_control(FrameType t) { return static_cast<uint8_t>(t) <= kLastControlTyp
 Status decode_header(const uint8_t* in, FrameHeader& out) {
   FrameHeader h;
   uint8_t type = in[0];
-  bool known =
-      (type >= 1 && type <= kLastControlType) || (type >= kFirstDataType && type <= kLastDataType);
+  bool known = (type >= 1 && type <= kLastControlType && type != kRetiredControlType) ||
+               (type >= kFirstDataType && type <= kLastDataType);
   if (!known) return {ErrorCode::kProtocol, "frame: unknown type " + std::to_string(type)};
   h.type = static_cast<FrameType>(type);
   h.flags = in[1];

@@ -15,7 +15,7 @@ enum class FrameType : uint8_t {
   kHello = 1,
   kHelloAck = 2,
   kAuth = 3,
-  kAuthOk = 4,
+  // 4 was AUTH_OK (protocol version 8 and before): now an unknown type.
   kJoin = 5,
   kJoinOk = 6,
   kError = 7,
@@ -25,6 +25,7 @@ enum class FrameType : uint8_t {
   kChannelAddresses = 11,  // each channel's transport address, during the handshake
 };
 constexpr uint8_t kLastControlType = 11;
+constexpr uint8_t kRetiredControlType = 4;
 // Types a transport may give its data frames.
 constexpr uint8_t kFirstDataType = 16;
 constexpr uint8_t kLastDataType = 63;

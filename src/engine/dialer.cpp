@@ -235,7 +235,7 @@ Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int 
   Link* const just_control[] = {&control};
 
   engine::Hello hello;
-  hello.engine_id = id;
+  hello.key = identity_key.public_key();
   hello.incarnation = incarnation;
   hello.locality = locality;
   hello.transports = usable_transports();
@@ -246,16 +246,20 @@ Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int 
   if (!s.ok()) fail(s);
   engine::HelloAck ack;
   if (s = engine::decode(body_of(control), ack); !s.ok()) fail(s);
-  const engine::Identity us{id, incarnation, locality},
-      them{ack.engine_id, ack.incarnation, ack.locality};
+  const engine::Identity us{identity_key.public_key(), incarnation, locality},
+      them{ack.key, ack.incarnation, ack.locality};
+  const engine::Transcript t{hello.nonce, ack.nonce, us, them, hello.transports, ack.channels};
+  if (!engine::transcript_signed(true, t, ack.signature)) {
+    fail({ErrorCode::kAuthFailed,
+          "peer did not prove its identity key (engine " + std::to_string(them.engine_id()) + ")"});
+  }
+  if (s = check_trusted(ack.key); !s.ok()) fail(s);
+  engine::Auth auth{engine::sign_transcript(identity_key, false, t), std::nullopt};
   if (!config.secret.empty()) {
-    engine::Transcript t{hello.nonce, ack.nonce, us, them, hello.transports, ack.channels};
     if (!ack.mac || !core::mac_equal(*ack.mac, engine::auth_mac(config.secret, true, t))) {
       fail({ErrorCode::kAuthFailed, "peer did not prove knowledge of the shared secret"});
     }
-    s = control.io.queue(engine::encode(engine::Auth{engine::auth_mac(config.secret, false, t)}));
-    if (s.ok()) s = dialer.exchange(just_control, FrameType::kAuthOk);
-    if (!s.ok()) fail(s);
+    auth.mac = engine::auth_mac(config.secret, false, t);
   } else if (ack.mac) {
     fail({ErrorCode::kAuthFailed, "peer requires a shared secret"});
   }
@@ -264,8 +268,10 @@ Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int 
   int control_fd = control.sock;
   auto peer =
       PeerImpl::create(shared_from_this(), them, where.to_string(), false, std::move(control.fd));
-  // Our addresses first, then the listener's: its own decide what both share (TCP streams).
+  // AUTH, then our addresses, in one go: the listener answers with its own addresses (which
+  // decide what both share, TCP streams) or refuses us.
   s = make_channels(peer, ack.channels, true);
+  if (s.ok()) s = control.io.queue(engine::encode(auth));
   if (s.ok()) s = control.io.queue(channel_addresses(*peer));
   if (s.ok()) s = dialer.exchange(just_control, FrameType::kChannelAddresses);
   if (s.ok()) s = connect_channels(*peer, body_of(control));

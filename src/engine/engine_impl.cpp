@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/base64.hpp"
 #include "core/callback_scope.hpp"
 #include "core/crypto.hpp"
 #include "core/cycle_clock.hpp"
@@ -47,7 +48,33 @@ uint64_t nonzero_random() {
   while (v == 0);
   return v;
 }
+
+std::vector<core::PublicKey> decode_trusted_keys(const std::vector<std::string>& listed) {
+  std::vector<core::PublicKey> out;
+  for (const std::string& text : listed) {
+    auto bytes = core::base64url_decode(text);
+    if (!bytes || bytes->size() != core::PublicKey{}.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "config: trusted_keys: '" + text +
+                      "' is not a public key (Engine::public_key(): 43 base64url characters)");
+    }
+    core::PublicKey& key = out.emplace_back();
+    std::copy(bytes->begin(), bytes->end(), key.begin());
+  }
+  return out;
+}
 }  // namespace
+
+std::string public_key_text(const core::PublicKey& key) { return core::base64url_encode(key); }
+
+Status EngineImpl::check_trusted(const core::PublicKey& key) const {
+  if (trusted_keys.empty() ||
+      std::find(trusted_keys.begin(), trusted_keys.end(), key) != trusted_keys.end()) {
+    return {};
+  }
+  return {ErrorCode::kAuthFailed,
+          "engine key " + public_key_text(key) + " is not among this engine's trusted_keys"};
+}
 
 EngineImpl::EngineImpl(const Config& cfg)
     : config([&] {
@@ -55,8 +82,12 @@ EngineImpl::EngineImpl(const Config& cfg)
         validate(c);
         return c;
       }()),
-      id(cfg.engine_id != 0 ? cfg.engine_id : nonzero_random()),
-      incarnation(nonzero_random()) {
+      identity_key(config.identity_file.empty()
+                       ? core::SigningKey::generate()
+                       : core::SigningKey::load_or_create(config.identity_file)),
+      id(engine::engine_id_of(identity_key.public_key())),
+      incarnation(nonzero_random()),
+      trusted_keys(decode_trusted_keys(config.trusted_keys)) {
   if (config.metrics) core::CycleClock::calibrate();
   for (TransportKind kind : config.transports) {
     if (transport_of(kind) != nullptr) continue;  // listed twice
@@ -512,32 +543,24 @@ void EngineImpl::peer_closed(PeerImpl* peer) {
   accept_cv_.notify_all();
 }
 
-Status EngineImpl::check_admission(const engine::Hello& hello, const std::string& source,
-                                   bool proven) {
+Status EngineImpl::check_admission(const engine::Hello& hello, const std::string& source) {
+  const uint64_t engine_id = hello.engine_id();
   std::shared_ptr<PeerImpl> replaced;
   {
     std::lock_guard lock(mu_);
     auto holder = [&]() -> std::shared_ptr<PeerImpl> {
       for (auto& p : peers_) {
-        if (p->incoming && p->engine_id == hello.engine_id && !p->lost.load()) return p;
+        if (p->incoming && p->engine_id == engine_id && !p->lost.load()) return p;
       }
       for (auto& j : joining_) {
-        if (j.second.peer->engine_id == hello.engine_id) return j.second.peer;
+        if (j.second.peer->engine_id == engine_id) return j.second.peer;
       }
       return nullptr;
     }();
-    if (holder && holder->control_alive()) {
-      if (holder->incarnation == hello.incarnation) {
-        return {ErrorCode::kInvalidArgument, "engine " + std::to_string(hello.engine_id) +
-                                                 " is already connected to this engine (from " +
-                                                 holder->address + "); use that connection"};
-      }
-      if (!proven) {
-        return {ErrorCode::kAuthFailed,
-                "engine id " + std::to_string(hello.engine_id) + " is held by a live peer at " +
-                    holder->address +
-                    "; a newer incarnation replaces it only when it proves the shared secret"};
-      }
+    if (holder && holder->control_alive() && holder->incarnation == hello.incarnation) {
+      return {ErrorCode::kInvalidArgument, "engine " + std::to_string(engine_id) +
+                                               " is already connected to this engine (from " +
+                                               holder->address + "); use that connection"};
     }
     replaced = std::move(holder);
     std::size_t count = peer_count_locked() - (replaced ? 1 : 0);
@@ -568,7 +591,7 @@ Status EngineImpl::check_admission(const engine::Hello& hello, const std::string
   if (replaced) {
     replaced->close({ErrorCode::kPeerLost, "replaced by incarnation " +
                                                std::to_string(hello.incarnation) + " of engine " +
-                                               std::to_string(hello.engine_id)});
+                                               std::to_string(engine_id)});
   }
   return {};
 }
@@ -577,7 +600,7 @@ Status EngineImpl::create_peer(const engine::Hello& hello, const std::string& ad
                                const std::vector<TransportKind>& channels, core::Fd& control,
                                std::shared_ptr<PeerImpl>& out) {
   if (stopping_.load()) return {ErrorCode::kCancelled, "engine shut down"};
-  out = PeerImpl::create(shared_from_this(), {hello.engine_id, hello.incarnation, hello.locality},
+  out = PeerImpl::create(shared_from_this(), {hello.key, hello.incarnation, hello.locality},
                          address, true, std::move(control));
   return make_channels(out, channels, false);
 }

@@ -58,6 +58,8 @@ Config apply_environment(const Config& config);
 void validate(const Config& config);
 // Logs the settings that work but deserve a second look.
 void warn_about(const Config& config);
+// An identity key as Engine::public_key() and Config::trusted_keys write it.
+std::string public_key_text(const core::PublicKey& key);
 
 class EngineImpl final : public transport::Host,
                          public ListenerHost,
@@ -122,11 +124,14 @@ class EngineImpl final : public transport::Host,
   // The server's handshake steps and the liveness tick, driven by the Listener (ListenerHost
   // says what each does).
   const Config& settings() const override { return config; }
-  engine::Identity identity() const override { return {id, incarnation, locality}; }
-  // Also: no other live peer that connected to us holds the engine id (a newer incarnation
-  // that proved the secret replaces the older one), and the max_peers cap.
-  Status check_admission(const engine::Hello& hello, const std::string& source,
-                         bool proven) override;
+  engine::Identity identity() const override {
+    return {identity_key.public_key(), incarnation, locality};
+  }
+  const core::SigningKey& signing_key() const override { return identity_key; }
+  Status check_trusted(const core::PublicKey& key) const override;
+  // Also: no other live peer that connected to us holds the engine id in the same incarnation
+  // (a newer one replaces the older), and the max_peers cap.
+  Status check_admission(const engine::Hello& hello, const std::string& source) override;
   Status create_peer(const engine::Hello& hello, const std::string& address,
                      const std::vector<TransportKind>& channels, core::Fd& control,
                      std::shared_ptr<PeerImpl>& out) override;
@@ -148,8 +153,12 @@ class EngineImpl final : public transport::Host,
   void housekeeping();
 
   const Config config;
+  // The engine's identity (Config::identity_file) and the id derived from it.
+  const core::SigningKey identity_key;
   const uint64_t id;
   const uint64_t incarnation;
+  // Config::trusted_keys, decoded: empty admits any key.
+  const std::vector<core::PublicKey> trusted_keys;
   // The fork generation the engine was made in (core/fork.hpp): in a forked child it is inert,
   // and the handles refuse every call that would act (handles.cpp).
   const uint64_t born = core::fork_generation();

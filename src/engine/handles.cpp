@@ -110,6 +110,9 @@ Future Peer::recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t c
 }
 uint64_t Peer::engine_id() const { return impl_ ? impl_->engine_id : 0; }
 uint64_t Peer::incarnation() const { return impl_ ? impl_->incarnation : 0; }
+std::string Peer::public_key() const {
+  return impl_ ? detail::public_key_text(impl_->public_key) : std::string();
+}
 std::string Peer::address() const { return impl_ ? impl_->address : std::string(); }
 TransportKind Peer::transport() const {
   if (!impl_) empty_peer();
@@ -178,6 +181,9 @@ std::vector<std::string> Engine::addresses() const { return impl_->advertised; }
 uint16_t Engine::port() const { return impl_->port; }
 uint64_t Engine::id() const { return impl_->id; }
 uint64_t Engine::incarnation() const { return impl_->incarnation; }
+std::string Engine::public_key() const {
+  return detail::public_key_text(impl_->identity_key.public_key());
+}
 const Config& Engine::config() const { return impl_->config; }
 Region Engine::register_memory(void* data, std::size_t length, Access access,
                                std::shared_ptr<void> keep_alive) {

@@ -53,6 +53,18 @@ void write_kinds(ByteWriter& w, const std::vector<TransportKind>& kinds) {
   for (TransportKind t : kinds) w.u8(static_cast<uint8_t>(t));
 }
 
+// A flag byte, then the MAC when it is 1.
+Status read_mac(ByteReader& r, std::optional<core::Mac>& out, const char* what) {
+  uint8_t has_mac = r.u8();
+  if (r.ok() && has_mac > 1) return {ErrorCode::kProtocol, std::string(what) + ": bad mac flag"};
+  if (has_mac == 1) {
+    core::Mac mac{};
+    r.bytes(mac.data(), mac.size());
+    out = mac;
+  }
+  return {};
+}
+
 Status finish(const ByteReader& r, const char* what) {
   if (!r.ok()) return {ErrorCode::kProtocol, std::string(what) + ": truncated or oversized"};
   if (!r.at_end()) return {ErrorCode::kProtocol, std::string(what) + ": trailing bytes"};
@@ -84,7 +96,7 @@ std::vector<uint8_t> encode(const Hello& m) {
   ByteWriter w(b);
   w.u32(m.magic);
   w.u16(m.version);
-  w.u64(m.engine_id);
+  w.bytes(m.key);
   w.u64(m.incarnation);
   write_locality(w, m.locality);
   write_kinds(w, m.transports);
@@ -97,12 +109,13 @@ std::vector<uint8_t> encode(const HelloAck& m) {
   std::vector<uint8_t> b;
   ByteWriter w(b);
   w.u16(m.version);
-  w.u64(m.engine_id);
+  w.bytes(m.key);
   w.u64(m.incarnation);
   write_locality(w, m.locality);
   write_kinds(w, m.channels);
   w.bytes(m.nonce);
   w.bytes(m.token);
+  w.bytes(m.signature);
   w.u8(m.mac ? 1 : 0);
   if (m.mac) w.bytes(*m.mac);
   return frame(FrameType::kHelloAck, b);
@@ -111,7 +124,9 @@ std::vector<uint8_t> encode(const HelloAck& m) {
 std::vector<uint8_t> encode(const Auth& m) {
   std::vector<uint8_t> b;
   ByteWriter w(b);
-  w.bytes(m.mac);
+  w.bytes(m.signature);
+  w.u8(m.mac ? 1 : 0);
+  if (m.mac) w.bytes(*m.mac);
   return frame(FrameType::kAuth, b);
 }
 
@@ -157,7 +172,7 @@ Status decode(std::span<const uint8_t> body, Hello& out) {
   if (r.ok()) {
     if (Status s = check_version(m.version, "hello"); !s.ok()) return s;
   }
-  m.engine_id = r.u64();
+  r.bytes(m.key.data(), m.key.size());
   m.incarnation = r.u64();
   read_locality(r, m.locality);
   if (Status s = read_kinds(r, m.transports, "hello"); !s.ok()) return s;
@@ -177,19 +192,14 @@ Status decode(std::span<const uint8_t> body, HelloAck& out) {
   if (r.ok()) {
     if (Status s = check_version(m.version, "hello-ack"); !s.ok()) return s;
   }
-  m.engine_id = r.u64();
+  r.bytes(m.key.data(), m.key.size());
   m.incarnation = r.u64();
   read_locality(r, m.locality);
   if (Status s = read_kinds(r, m.channels, "hello-ack"); !s.ok()) return s;
   r.bytes(m.nonce.data(), m.nonce.size());
   r.bytes(m.token.data(), m.token.size());
-  uint8_t has_mac = r.u8();
-  if (r.ok() && has_mac > 1) return {ErrorCode::kProtocol, "hello-ack: bad mac flag"};
-  if (has_mac == 1) {
-    core::Mac mac{};
-    r.bytes(mac.data(), mac.size());
-    m.mac = mac;
-  }
+  r.bytes(m.signature.data(), m.signature.size());
+  if (Status s = read_mac(r, m.mac, "hello-ack"); !s.ok()) return s;
   if (Status s = finish(r, "hello-ack"); !s.ok()) return s;
   out = m;
   return {};
@@ -198,7 +208,8 @@ Status decode(std::span<const uint8_t> body, HelloAck& out) {
 Status decode(std::span<const uint8_t> body, Auth& out) {
   ByteReader r(body);
   Auth m;
-  r.bytes(m.mac.data(), m.mac.size());
+  r.bytes(m.signature.data(), m.signature.size());
+  if (Status s = read_mac(r, m.mac, "auth"); !s.ok()) return s;
   if (Status s = finish(r, "auth"); !s.ok()) return s;
   out = m;
   return {};
@@ -263,15 +274,16 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
   return {};
 }
 
-core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
+namespace {
+// The transcript as bytes, after a label naming what is made of it and by whom.
+std::vector<uint8_t> transcript_bytes(std::string_view label, const Transcript& t) {
   std::vector<uint8_t> msg;
   ByteWriter w(msg);
-  std::string_view role = server ? "ferry-server-v4" : "ferry-client-v4";
-  w.bytes({reinterpret_cast<const uint8_t*>(role.data()), role.size()});
+  w.bytes({reinterpret_cast<const uint8_t*>(label.data()), label.size()});
   w.bytes(t.client_nonce);
   w.bytes(t.server_nonce);
   for (const Identity* id : {&t.client, &t.server}) {
-    w.u64(id->engine_id);
+    w.bytes(id->key);
     w.u64(id->incarnation);
     write_locality(w, id->locality);
   }
@@ -279,7 +291,32 @@ core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
     w.u8(static_cast<uint8_t>(kinds.size()));
     for (TransportKind k : kinds) w.u8(static_cast<uint8_t>(k));
   }
-  return core::hmac_sha256(secret, msg);
+  return msg;
+}
+
+std::string_view signature_label(bool server) {
+  return server ? "ferry-server-sig-v1" : "ferry-client-sig-v1";
+}
+}  // namespace
+
+uint64_t engine_id_of(const core::PublicKey& key) {
+  core::Mac digest = core::hmac_sha256("ferry-engine-id-v1", key);
+  uint64_t id = core::load_le(digest.data(), 8);
+  return id != 0 ? id : 1;  // 0 means "no engine" in descriptors and events
+}
+
+core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
+  return core::hmac_sha256(secret,
+                           transcript_bytes(server ? "ferry-server-v5" : "ferry-client-v5", t));
+}
+
+core::Signature sign_transcript(const core::SigningKey& key, bool server, const Transcript& t) {
+  return key.sign(transcript_bytes(signature_label(server), t));
+}
+
+bool transcript_signed(bool server, const Transcript& t, const core::Signature& signature) {
+  const core::PublicKey& key = server ? t.server.key : t.client.key;
+  return core::signature_valid(key, transcript_bytes(signature_label(server), t), signature);
 }
 
 }  // namespace ferry::engine

@@ -29,28 +29,36 @@ constexpr uint32_t kMagic = 0x59525246;  // "FRRY" little-endian
 // 7: HELLO and HELLO_ACK carry each side's locality (host id, process), which decides the
 // transports each side offers the other; the MACs cover it. 8: compact verbs messages (an eager
 // message whose tag fits 32 bits goes as SEND_WITH_IMM of its payload alone, no header), named
-// in ACKs by count.
-constexpr uint16_t kProtocolVersion = 8;
+// in ACKs by count. 9: engines are Ed25519 keys: HELLO and HELLO_ACK carry public keys instead of
+// engine ids (an id is derived from its key), both sides sign the transcript, the client always
+// sends AUTH (its signature, and its MAC with a secret) and its CHANNEL_ADDRESSES right after it;
+// AUTH_OK is gone.
+constexpr uint16_t kProtocolVersion = 9;
 // Transports a peer may offer (and so channels a peer may have).
 constexpr std::size_t kMaxOfferedTransports = 8;
 
 using Nonce = std::array<uint8_t, 16>;
 using Token = std::array<uint8_t, 16>;
 
+// The engine id of the engine whose identity key is `key`: nobody can claim an id without
+// proving its key (docs/protocol.md, "Identity and authentication").
+uint64_t engine_id_of(const core::PublicKey& key);
+
 struct Hello {
   uint32_t magic = kMagic;
   uint16_t version = kProtocolVersion;
-  uint64_t engine_id = 0;
+  core::PublicKey key{};
   uint64_t incarnation = 0;
   core::Locality locality;
   std::vector<TransportKind> transports;
   Nonce nonce{};
   bool wants_auth = false;
+  uint64_t engine_id() const { return engine_id_of(key); }
 };
 
 struct HelloAck {
   uint16_t version = kProtocolVersion;
-  uint64_t engine_id = 0;
+  core::PublicKey key{};
   uint64_t incarnation = 0;
   core::Locality locality;
   // The peer's channels: the transports the client offered that the server can use and that
@@ -58,11 +66,13 @@ struct HelloAck {
   std::vector<TransportKind> channels;
   Nonce nonce{};
   Token token{};
+  core::Signature signature{};   // the server's, of the transcript
   std::optional<core::Mac> mac;  // present when the server has a secret
 };
 
 struct Auth {
-  core::Mac mac{};
+  core::Signature signature{};   // the client's, of the transcript
+  std::optional<core::Mac> mac;  // present when the client has a secret
 };
 
 // Each channel's address (transport::Channel::local_address), in HELLO_ACK's order: the
@@ -113,18 +123,21 @@ Status decode(std::span<const uint8_t> body, ChannelAddresses& out);
 Status decode(std::span<const uint8_t> body, Join& out);
 Status decode(std::span<const uint8_t> body, ErrorMsg& out);
 
-// Who an engine claims to be; the MACs bind both claims to the secret.
+// Who an engine claims to be; the signatures prove the keys, the MACs bind both claims to the
+// secret.
 struct Identity {
-  uint64_t engine_id = 0;
+  core::PublicKey key{};
   uint64_t incarnation = 0;
   core::Locality locality;
+  uint64_t engine_id() const { return engine_id_of(key); }
 };
 
-// What each side signs: its role, both nonces and both identities (engine id, incarnation,
-// locality), so a MAC cannot be replayed in another session, reflected back at its sender, or
-// used by one incarnation of an engine to pass for another; and the transports the client
-// offered and the channels the server chose, so nobody between them can steer the peers to a
-// weaker transport (nor, by changing a locality, away from a same-host one).
+// What each side signs (and MACs, with a secret): its role, both nonces and both identities
+// (key, incarnation, locality), so a signature or MAC cannot be replayed in another session,
+// reflected back at its sender, or used by one incarnation of an engine to pass for another; and
+// the transports the client offered and the channels the server chose, so nobody between them
+// can steer the peers to a weaker transport (nor, by changing a locality, away from a same-host
+// one).
 struct Transcript {
   Nonce client_nonce{};
   Nonce server_nonce{};
@@ -134,5 +147,8 @@ struct Transcript {
   std::span<const TransportKind> chosen;
 };
 core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t);
+core::Signature sign_transcript(const core::SigningKey& key, bool server, const Transcript& t);
+// Whether `signature` is the server's (or the client's) own over `t`: made with the key `t` names.
+bool transcript_signed(bool server, const Transcript& t, const core::Signature& signature);
 
 }  // namespace ferry::engine

@@ -43,7 +43,7 @@ int milliseconds_until(Clock::time_point when, Clock::time_point now) {
 struct Listener::Handshake {
   enum class Stage : uint8_t {
     kFirst,      // expects HELLO (a control connection) or JOIN (a side connection)
-    kAuth,       // HELLO_ACK with the server's MAC sent; expects AUTH
+    kAuth,       // HELLO_ACK (signed) sent; expects AUTH
     kAddresses,  // peer and its channels created; expects the client's channel addresses
     kHandOver,   // the last reply is queued; once it is out the connection leaves
   };
@@ -278,7 +278,7 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   const Config& config = engine_.settings();
   engine::HelloAck& ack = h.ack;
   const engine::Identity us = engine_.identity();
-  ack.engine_id = us.engine_id;
+  ack.key = us.key;
   ack.incarnation = us.incarnation;
   ack.locality = us.locality;
   Reach reach = core::reach_between(us.locality, h.hello.locality);
@@ -290,40 +290,39 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
                                          std::string(to_string(reach)) + "): this engine can use" +
                                          ours};
   }
+  // Pinning refuses an untrusted key before we sign anything for it.
+  if (Status s = engine_.check_trusted(h.hello.key); !s.ok()) return s;
   core::random_bytes(ack.nonce);
   core::random_bytes(ack.token);
-  if (!config.secret.empty()) {
-    ack.mac = engine::auth_mac(config.secret, true, transcript(h));
-  } else if (Status s = engine_.check_admission(h.hello, h.source, false); !s.ok()) {
-    return s;  // refused before the client learns a session token
-  }
+  const engine::Transcript t = transcript(h);
+  ack.signature = engine::sign_transcript(engine_.signing_key(), true, t);
+  if (!config.secret.empty()) ack.mac = engine::auth_mac(config.secret, true, t);
   if (Status s = queue(h, engine::encode(ack)); !s.ok()) return s;
-  if (!config.secret.empty()) {
-    h.stage = Handshake::Stage::kAuth;
-    return {};
-  }
-  return admit_peer(h);
+  h.stage = Handshake::Stage::kAuth;
+  return {};
 }
 
 Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   const Config& config = engine_.settings();
   engine::Auth auth;
   if (Status s = engine::decode(body, auth); !s.ok()) return s;
-  if (!core::mac_equal(auth.mac, engine::auth_mac(config.secret, false, transcript(h)))) {
-    return {ErrorCode::kAuthFailed, "wrong shared secret"};
+  const engine::Transcript t = transcript(h);
+  if (!engine::transcript_signed(false, t, auth.signature)) {
+    return {ErrorCode::kAuthFailed, "the client did not prove its identity key (engine " +
+                                        std::to_string(h.hello.engine_id()) + ")"};
   }
-  if (Status s = engine_.check_admission(h.hello, h.source, true); !s.ok()) return s;
-  if (Status s = queue(h, engine::encode_empty(FrameType::kAuthOk)); !s.ok()) return s;
-  return admit_peer(h);
+  if (!config.secret.empty() &&
+      (!auth.mac || !core::mac_equal(*auth.mac, engine::auth_mac(config.secret, false, t)))) {
+    return {ErrorCode::kAuthFailed, auth.mac ? "wrong shared secret" : "shared secret required"};
+  }
+  if (Status s = engine_.check_admission(h.hello, h.source); !s.ok()) return s;
+  return admit_peer(h);  // no answer: the client's CHANNEL_ADDRESSES follow at once
 }
 
 engine::Transcript Listener::transcript(const Handshake& h) const {
-  return {h.hello.nonce,
-          h.ack.nonce,
-          {h.hello.engine_id, h.hello.incarnation, h.hello.locality},
-          engine_.identity(),
-          h.hello.transports,
-          h.ack.channels};
+  return {
+      h.hello.nonce,      h.ack.nonce,        {h.hello.key, h.hello.incarnation, h.hello.locality},
+      engine_.identity(), h.hello.transports, h.ack.channels};
 }
 
 Status Listener::admit_peer(Handshake& h) {

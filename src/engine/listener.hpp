@@ -32,15 +32,17 @@ class ListenerHost {
  public:
   virtual const Config& settings() const = 0;
   virtual engine::Identity identity() const = 0;
+  virtual const core::SigningKey& signing_key() const = 0;
+  // Whether Config::trusted_keys admits an engine with identity key `key` (kAuthFailed if not).
+  virtual Status check_trusted(const core::PublicKey& key) const = 0;
   // Transports this engine can use now, in preference order.
   virtual std::vector<TransportKind> usable_transports() const = 0;
   // The channels a client `reach` away that offered `offered` gets.
   virtual std::vector<TransportKind> channels_for(std::span<const TransportKind> offered,
                                                   Reach reach) const = 0;
-  // Whether a peer claiming `hello`'s identity, connecting from `source`, may join (`proven`:
-  // it proved the secret).
-  virtual Status check_admission(const engine::Hello& hello, const std::string& source,
-                                 bool proven) = 0;
+  // Whether a peer that proved `hello`'s identity, connecting from `source`, may join: a newer
+  // incarnation of a connected engine replaces it.
+  virtual Status check_admission(const engine::Hello& hello, const std::string& source) = 0;
   // Admits the client and creates its peer and channels; `control` moves into the peer.
   virtual Status create_peer(const engine::Hello& hello, const std::string& address,
                              const std::vector<TransportKind>& channels, core::Fd& control,

@@ -139,14 +139,15 @@ std::string source_host(const std::string& address) {
 
 PeerImpl::PeerImpl(std::shared_ptr<EngineImpl> eng, const engine::Identity& remote,
                    std::string addr, bool from_peer, core::Fd control)
-    : engine_id(remote.engine_id),
+    : public_key(remote.key),
+      engine_id(remote.engine_id()),
       incarnation(remote.incarnation),
       address(std::move(addr)),
       incoming(from_peer),
       source(from_peer ? source_host(address) : std::string()),
       engine(std::move(eng)),
-      link(std::make_shared<transport::PeerLink>(
-          remote.engine_id, engine->config.max_unexpected_bytes, engine->unexpected_budget)),
+      link(std::make_shared<transport::PeerLink>(engine_id, engine->config.max_unexpected_bytes,
+                                                 engine->unexpected_budget)),
       reach(core::reach_between(engine->locality, remote.locality)),
       control_(std::make_shared<Control>()) {
   control_->fd = std::move(control);

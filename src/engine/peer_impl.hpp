@@ -89,7 +89,8 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   // thread has not handled it yet.
   bool control_alive() const;
 
-  const uint64_t engine_id;
+  const core::PublicKey public_key;  // proven in the handshake
+  const uint64_t engine_id;          // derived from it
   const uint64_t incarnation;
   const std::string address;
   const bool incoming;

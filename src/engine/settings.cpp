@@ -56,12 +56,12 @@ void warn_about(const Config& c) {
              "(Config::transports_from_environment is false)";
     });
   }
-  if (c.listen && c.secret.empty() &&
+  if (c.listen && c.secret.empty() && c.trusted_keys.empty() &&
       (c.listen_host == "0.0.0.0" || c.listen_host == "::" || c.listen_host.empty())) {
     core::log(LogLevel::kWarn, "config", [&] {
       return "listening on every interface (" + c.listen_host +
-             ") without a shared secret: any host that reaches the port can connect (a "
-             "region's descriptor is still needed to touch its memory)";
+             ") without a shared secret or trusted_keys: any host that reaches the port can "
+             "connect (a region's descriptor is still needed to touch its memory)";
     });
   }
   for (std::size_t i = 0; i < c.transports.size(); ++i) {

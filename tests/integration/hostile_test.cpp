@@ -97,7 +97,7 @@ TEST(Hostile, TricklingAndHalfSentFramesDelayNoOne) {
   std::vector<std::vector<uint8_t>> hellos;
   std::vector<std::unique_ptr<Raw>> tricklers;
   for (std::size_t i = 0; i < 20; ++i) {
-    hellos.push_back(engine::encode(hello_from(1000 + i)));
+    hellos.push_back(engine::encode(hello_of_a_new_key()));
     tricklers.push_back(std::make_unique<Raw>(server, kOtherHost));
     // Part of a header, or a header and part of the body; the rest comes later.
     tricklers.back()->send({hellos[i].begin(), hellos[i].begin() + static_cast<long>(30 + 2 * i)});
@@ -122,7 +122,7 @@ TEST(Hostile, HalfAuthenticatedConnectionsDelayNoOne) {
   std::vector<std::unique_ptr<Raw>> halfway;
   for (int i = 0; i < 20; ++i) {
     halfway.push_back(std::make_unique<Raw>(server, kOtherHost));
-    halfway.back()->send(engine::encode(hello_from(100 + static_cast<uint64_t>(i))));
+    halfway.back()->send(engine::encode(hello_of_a_new_key()));
     core::FrameHeader h;
     std::vector<uint8_t> body;
     ASSERT_TRUE(halfway.back()->read(h, body).ok());
@@ -203,12 +203,15 @@ TEST(Hostile, MaxPeersIsEnforcedAndFreedByLeavingPeers) {
   }
 }
 
-// The refusal a raw client from `source` gets at its HELLO (the frame type, and the message of
-// an ERROR frame).
-std::pair<core::FrameType, std::string> answer_to_hello(Engine& server, uint64_t id,
-                                                        const std::string& source) {
+// The answer a raw client from `source` gets once it proved its identity: the frame type (the
+// server's CHANNEL_ADDRESSES when admitted), and the message of an ERROR frame.
+std::pair<core::FrameType, std::string> answer_to_handshake(Engine& server,
+                                                            const std::string& source) {
   Raw raw(server, source);
-  raw.send(engine::encode(hello_from(id)));
+  RawIdentity identity;
+  raw.send(engine::encode(identity.hello));
+  raw.send(identity.auth(read_hello_ack(raw)));
+  raw.send(tcp_channel_addresses());
   core::FrameHeader h;
   std::vector<uint8_t> body;
   EXPECT_TRUE(raw.read(h, body).ok());
@@ -228,11 +231,9 @@ TEST(Hostile, OneSourceHoldsOnlyItsShareOfPeerPlaces) {
     c.max_joining_per_source = 3;
     Engine server(c);
     std::vector<std::unique_ptr<RawPeer>> unjoined;
-    for (uint64_t id = 600; id < 603; ++id) {
-      unjoined.push_back(std::make_unique<RawPeer>(server, id, kOtherHost));
-    }
+    for (int i = 0; i < 3; ++i) unjoined.push_back(std::make_unique<RawPeer>(server, kOtherHost));
     ASSERT_TRUE(eventually([&] { return server.stats().peers == 3; }));
-    auto [type, said] = answer_to_hello(server, 603, kOtherHost);
+    auto [type, said] = answer_to_handshake(server, kOtherHost);
     EXPECT_EQ(type, core::FrameType::kError);
     EXPECT_NE(said.find("max_joining_per_source 3"), std::string::npos) << said;
     expect_legitimate_peer_served(server);  // from 127.0.0.1
@@ -243,18 +244,16 @@ TEST(Hostile, OneSourceHoldsOnlyItsShareOfPeerPlaces) {
     c.max_peers_per_source = 3;
     Engine server(c);
     std::vector<std::unique_ptr<RawPeer>> admitted;
-    for (uint64_t id = 700; id < 703; ++id) {
-      admitted.push_back(std::make_unique<RawPeer>(server, id, kOtherHost));
-    }
+    for (int i = 0; i < 3; ++i) admitted.push_back(std::make_unique<RawPeer>(server, kOtherHost));
     ASSERT_TRUE(eventually([&] { return server.stats().peers == 3; }));
-    auto [type, said] = answer_to_hello(server, 703, kOtherHost);
+    auto [type, said] = answer_to_handshake(server, kOtherHost);
     EXPECT_EQ(type, core::FrameType::kError);
     EXPECT_NE(said.find("max_peers_per_source 3"), std::string::npos) << said;
     expect_legitimate_peer_served(server);
     // A place given back is the source's again.
     admitted.pop_back();
     ASSERT_TRUE(eventually([&] { return server.stats().peers == 2; }));
-    EXPECT_EQ(answer_to_hello(server, 704, kOtherHost).first, core::FrameType::kHelloAck);
+    EXPECT_EQ(answer_to_handshake(server, kOtherHost).first, core::FrameType::kChannelAddresses);
   }
 }
 
@@ -280,8 +279,8 @@ TEST(Hostile, PeersThatLeaveWhileTheirStreamsJoinAreNotKept) {
   c.tcp.streams = 1;
   Engine server(c);
   int baseline = open_descriptors();
-  for (uint64_t id = 100; id < 300; ++id) {
-    RawPeer leaving(server, id, kOtherHost, /*await_join_ok=*/false);
+  for (int i = 0; i < 200; ++i) {
+    RawPeer leaving(server, kOtherHost, /*await_join_ok=*/false);
     leaving.stream.reset();
   }
   EXPECT_TRUE(eventually([&] { return server.stats().peers == 0; }))
@@ -294,44 +293,69 @@ TEST(Hostile, PeersThatLeaveWhileTheirStreamsJoinAreNotKept) {
   expect_legitimate_peer_served(server);
 }
 
+// An engine id is its identity key's: a client that knows the shared secret but not a connected
+// engine's key can neither take its id (and have immediates reported under it) nor replace it.
 TEST(Hostile, AnIdentityHeldByALivePeerCannotBeClaimed) {
-  Engine server(patient_server());
+  Config sc = patient_server();
+  sc.secret = "s3cret";
+  Engine server(sc);
+  ScratchPath key_file("claimed.pem");
   Config cc = test_config();
-  cc.engine_id = 77;
+  cc.secret = "s3cret";
+  cc.identity_file = key_file.str();
   Engine client(cc);
   Peer real = client.connect(server.address());
-  ASSERT_TRUE(server.accept(kWait).has_value());
+  auto real_at_server = server.accept(kWait);
+  ASSERT_TRUE(real_at_server.has_value());
+  EXPECT_EQ(real_at_server->engine_id(), client.id());
+  EXPECT_EQ(real_at_server->public_key(), client.public_key());
+  const core::SigningKey client_key = core::SigningKey::load_or_create(key_file.str());
+  ASSERT_EQ(engine::engine_id_of(client_key.public_key()), client.id());
   {
-    Raw spoof(server, kOtherHost);  // same id, another incarnation, nothing to prove it
-    spoof.send(engine::encode(hello_from(77, client.incarnation() + 1)));
+    // The client's key claimed, a newer incarnation, the secret's MAC right, signed by another.
+    Raw spoof(server, kOtherHost);
+    RawIdentity forger;
+    forger.hello = hello_from(client_key.public_key(), client.incarnation() + 1);
+    spoof.send(engine::encode(forger.hello));
+    spoof.send(forger.auth(read_hello_ack(spoof), "s3cret"));
     spoof.expect_refusal(ErrorCode::kAuthFailed);
   }
   {
-    Raw twin(server, kOtherHost);  // the same identity again
-    twin.send(engine::encode(hello_from(77, client.incarnation())));
+    // The key itself, in the incarnation that is connected: one connection per incarnation.
+    Raw twin(server, kOtherHost);
+    RawIdentity same{client_key, hello_from(client_key.public_key(), client.incarnation())};
+    twin.send(engine::encode(same.hello));
+    twin.send(same.auth(read_hello_ack(twin), "s3cret"));
     twin.expect_refusal(ErrorCode::kInvalidArgument);
   }
   EXPECT_TRUE(real.connected());
+  EXPECT_TRUE(real_at_server->connected());
   std::vector<uint8_t> mem(64, 0);
   Region r = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
   Buffer src(client, 64, Access::kLocal, 3);
   Descriptor d = r.descriptor();
   Transfer t{&src.region, 0, &d, 0, 64};
-  EXPECT_TRUE(real.write({&t, 1}).wait(kWait).ok());
+  EXPECT_TRUE(real.write_with_imm({&t, 1}, 9).wait(kWait).ok());
+  auto event = server.next_imm(kWait);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->peer_engine_id, client.id());
+  EXPECT_EQ(event->peer.incarnation(), client.incarnation());
 }
 
+// An engine restarted with its identity file is the same engine id in a new incarnation, which
+// replaces the older at a server (no shared secret needed: the key is the proof).
 TEST(Hostile, AProvenNewerIncarnationReplacesTheOlder) {
-  Config sc = patient_server();
-  sc.secret = "s3cret";
-  Engine server(sc);
+  Engine server(patient_server());
+  ScratchPath key_file("restarted.pem");
   Config cc = test_config();
-  cc.secret = "s3cret";
-  cc.engine_id = 78;
+  cc.identity_file = key_file.str();
   Engine old_client(cc);
   Peer old_peer = old_client.connect(server.address());
   auto old_at_server = server.accept(kWait);
   ASSERT_TRUE(old_at_server.has_value());
-  Engine new_client(cc);  // same id, new incarnation, knows the secret
+  Engine new_client(cc);
+  EXPECT_EQ(new_client.id(), old_client.id());
+  EXPECT_NE(new_client.incarnation(), old_client.incarnation());
   Peer new_peer = new_client.connect(server.address());
   ASSERT_TRUE(eventually([&] { return !old_at_server->connected(); }));
   auto new_at_server = server.accept(kWait);
@@ -344,7 +368,7 @@ TEST(Hostile, PingFloodFromAPeerThatNeverReadsStaysBounded) {
   Config c = test_config();
   c.tcp.streams = 1;
   Engine server(c);
-  RawPeer raw(server, 90, kOtherHost);
+  RawPeer raw(server, kOtherHost);
   Raw& control = raw.control;
   ASSERT_TRUE(server.accept(kWait).has_value());
   // 8 MiB of pings, never reading a pong: without coalescing the server would queue 8 MiB.
@@ -392,7 +416,7 @@ TEST(Hostile, APeerThatStallsMidWriteCannotHoldADeregistration) {
   Engine server(c);
   std::vector<uint8_t> mem(1 << 20, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
-  RawPeer raw(server, 91, kOtherHost);
+  RawPeer raw(server, kOtherHost);
   auto accepted = server.accept(kWait);
   ASSERT_TRUE(accepted.has_value());
   ASSERT_NO_FATAL_FAILURE(stall_mid_write(*raw.stream, region.descriptor()));
@@ -414,7 +438,7 @@ TEST(Hostile, APeerStillJoiningCannotHoldADeregistration) {
   Engine server(c);
   std::vector<uint8_t> mem(1 << 20, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
-  RawPeer raw(server, 92, kOtherHost);  // joins one stream of two
+  RawPeer raw(server, kOtherHost);  // joins one stream of two
   ASSERT_NO_FATAL_FAILURE(stall_mid_write(*raw.stream, region.descriptor()));
   ASSERT_EQ(server.stats().peers, 1u);
   auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
@@ -466,11 +490,13 @@ TEST(Hostile, AServerStillJoiningOurStreamsCannotHoldADeregistration) {
   Raw control = accept_one();
   ASSERT_TRUE(control.read(h, body).ok());
   ASSERT_EQ(h.type, core::FrameType::kHello);
-  engine::HelloAck ack;
-  ack.engine_id = 93;
-  ack.incarnation = 1;
-  ack.channels = {TransportKind::kTcp};
+  engine::Hello hello;
+  ASSERT_TRUE(engine::decode(body, hello).ok());
+  const engine::HelloAck ack =
+      signed_hello_ack(core::SigningKey::generate(), hello, {TransportKind::kTcp});
   control.send(engine::encode(ack));
+  ASSERT_TRUE(control.read(h, body).ok());
+  ASSERT_EQ(h.type, core::FrameType::kAuth);
   ASSERT_TRUE(control.read(h, body).ok());
   ASSERT_EQ(h.type, core::FrameType::kChannelAddresses);
   control.send(tcp_channel_addresses(2));
@@ -531,7 +557,7 @@ TEST(Hostile, UnfinishedNotificationsPastTheLimitDropThePeerNotTheNotification) 
   std::vector<uint8_t> mem(64, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
   Descriptor d = region.descriptor();
-  RawPeer raw(server, 92, kOtherHost);
+  RawPeer raw(server, kOtherHost);
   auto accepted = server.accept(kWait);
   ASSERT_TRUE(accepted.has_value());
   // Each write_with_imm claims two streams and finishes on this one only: the server keeps a
@@ -738,9 +764,8 @@ TEST(Hostile, ASameHostPeersMessageRecordsOutOfPlaceCloseItsChannel) {
          message_record(raw, 7, kSlice + 10, kSlice, false, 20);
        }},
   };
-  uint64_t id = 100;
   auto admit = [&](RawShmPeer& raw) {
-    raw.start(server, id++);
+    raw.start(server);
     std::optional<Peer> peer = server.accept(kWait);
     EXPECT_TRUE(peer.has_value());
     EXPECT_TRUE(!peer || peer->transport() == TransportKind::kShm);
@@ -794,7 +819,7 @@ TEST(Hostile, ASameHostPeersMessageRecordsOutOfPlaceCloseItsChannel) {
 TEST(Hostile, ASameHostPeerCannotAnswerAMessageBeforeItsLastRecord) {
   Engine server(same_host_server_config());
   RawShmPeer raw;
-  ASSERT_NO_FATAL_FAILURE(raw.start(server, 120));
+  ASSERT_NO_FATAL_FAILURE(raw.start(server));
   std::optional<Peer> peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
   Buffer src(server, 1 << 20, Access::kLocal, 9);
@@ -826,7 +851,7 @@ TEST(Hostile, ASameHostPeerStoppedMidMessageCannotHoldADeregistration) {
   c.revoke_timeout = std::chrono::milliseconds(200);
   Engine server(c);
   RawShmPeer raw;
-  ASSERT_NO_FATAL_FAILURE(raw.start(server, 130));
+  ASSERT_NO_FATAL_FAILURE(raw.start(server));
   std::optional<Peer> peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
   constexpr uint64_t kLength = 4 * shm::kInlineBytes, kSlice = shm::kInlineBytes;

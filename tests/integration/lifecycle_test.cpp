@@ -104,7 +104,8 @@ TEST(Lifecycle, EveryPeerThatConnectedIsCountedAdmittedHoweverFastItLeft) {
 
 TEST(Lifecycle, RestartedPeerIsANewIncarnation) {
   Config tc = test_config();
-  tc.engine_id = 42;
+  ScratchPath key_file("restarted-target.pem");
+  tc.identity_file = key_file.str();
   auto target = std::make_unique<Engine>(tc);
   tc.listen_port = target->port();
   std::vector<uint8_t> mem(4096), src(4096, 9);
@@ -118,13 +119,15 @@ TEST(Lifecycle, RestartedPeerIsANewIncarnation) {
   ASSERT_TRUE(p1.write({&t, 1}).wait(kWait).ok());
 
   r.deregister();
-  target.reset();  // the target process "restarts" on the same port with the same engine id
+  const uint64_t id = target->id();
+  target.reset();  // the target process "restarts" on the same port with the same identity
   target = std::make_unique<Engine>(tc);
+  EXPECT_EQ(target->id(), id);
   Region r2 = target->register_memory(mem.data(), mem.size(), Access::kRemoteWrite);
 
   EXPECT_EQ(p1.write({&t, 1}).wait(kWait).code(), ErrorCode::kPeerLost);
   Peer p2 = initiator.connect(target->address());
-  EXPECT_EQ(p2.engine_id(), 42u);
+  EXPECT_EQ(p2.engine_id(), id);
   EXPECT_EQ(p2.write({&t, 1}).wait(kWait).code(), ErrorCode::kStaleIncarnation);
   Descriptor fresh = r2.descriptor();
   Transfer t2{&lr, 0, &fresh, 0, 64};

@@ -52,10 +52,41 @@ void expect_engine_still_serves(Engine& server) {
   EXPECT_NO_THROW(client.connect(server.address()));
 }
 
+// trusted_keys pins identities: a listener admits only the keys it lists, a client connects only
+// to a listener whose key it lists.
+TEST(Auth, TrustedKeysAdmitOnlyTheEnginesTheyName) {
+  Engine trusted(test_config());
+  Engine stranger(test_config());
+  Config sc = test_config();
+  sc.trusted_keys = {trusted.public_key()};
+  Engine server(sc);
+  EXPECT_EQ(connect_error(trusted, server), ErrorCode::kOk);
+  EXPECT_EQ(connect_error(stranger, server), ErrorCode::kAuthFailed);
+  auto admitted = server.accept(kWait);
+  ASSERT_TRUE(admitted.has_value());
+  EXPECT_EQ(admitted->public_key(), trusted.public_key());
+  EXPECT_FALSE(server.accept(std::chrono::milliseconds(200)).has_value());
+
+  Config cc = test_config();
+  cc.trusted_keys = {stranger.public_key()};
+  Engine picky(cc);
+  EXPECT_EQ(connect_error(picky, server), ErrorCode::kAuthFailed);  // the server is not listed
+  EXPECT_EQ(connect_error(picky, stranger), ErrorCode::kOk);        // it is
+
+  Config bad = test_config();
+  bad.trusted_keys = {"not-a-key"};
+  try {
+    Engine refused(bad);
+    ADD_FAILURE() << "a malformed trusted key was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+}
+
 TEST(Wire, VersionMismatchIsRefusedWithAClearError) {
   Engine server(test_config());
   Raw raw(server);
-  engine::Hello h = hello_from(5);
+  engine::Hello h = hello_of_a_new_key();
   h.version = 99;
   raw.send(engine::encode(h));
   raw.expect_refusal(ErrorCode::kVersionMismatch);
@@ -85,7 +116,7 @@ TEST(Wire, GarbageAndForeignProtocolsAreRefused) {
   }
   {
     Raw raw(server);  // a truncated hello body
-    auto frame = engine::encode(hello_from(6));
+    auto frame = engine::encode(hello_of_a_new_key());
     frame.pop_back();
     core::store_le(frame.data() + 8, frame.size() - core::kFrameHeaderSize, 4);
     raw.send(frame);
@@ -101,7 +132,7 @@ TEST(Wire, MalformedDataFrameDropsOnlyThatPeer) {
   std::vector<uint8_t> mem(4096, 0);
   Region region = server.register_memory(mem.data(), mem.size(), Access::kRemoteReadWrite);
 
-  RawPeer raw(server, 7);
+  RawPeer raw(server);
   Raw& stream = *raw.stream;
   auto peer = server.accept(kWait);
   ASSERT_TRUE(peer.has_value());
@@ -136,7 +167,7 @@ TEST(Wire, GroupFramesAreCheckedEntryByEntry) {
   uint64_t key = 0;
   std::memcpy(&key, d.key_for(TransportKind::kTcp)->bytes, 8);
 
-  RawPeer raw(server, 8);
+  RawPeer raw(server);
   Raw& stream = *raw.stream;
   core::FrameHeader h;
   std::vector<uint8_t> body;

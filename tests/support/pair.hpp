@@ -94,6 +94,22 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// A path of the test's own under the temporary directory, removed with the scope (as a file).
+class ScratchPath {
+ public:
+  explicit ScratchPath(const std::string& name)
+      : path_(::testing::TempDir() + "ferry-" + std::to_string(::getpid()) + "-" + name) {
+    ::unlink(path_.c_str());
+  }
+  ~ScratchPath() { ::unlink(path_.c_str()); }
+  ScratchPath(const ScratchPath&) = delete;
+  ScratchPath& operator=(const ScratchPath&) = delete;
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // Pseudo-random bytes, four at a time (sanitizer builds make byte loops slow).
 inline void fill_pattern(uint8_t* p, std::size_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;

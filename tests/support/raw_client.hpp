@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/crypto.hpp"
 #include "core/frame.hpp"
 #include "core/net.hpp"
 #include "engine/handshake.hpp"
@@ -75,12 +76,66 @@ struct Raw {
   core::Fd fd;
 };
 
-inline engine::Hello hello_from(uint64_t id, uint64_t incarnation = 1) {
+// A HELLO claiming the identity `key` (whoever holds it).
+inline engine::Hello hello_from(const core::PublicKey& key, uint64_t incarnation = 1) {
   engine::Hello h;
-  h.engine_id = id;
+  h.key = key;
   h.incarnation = incarnation;
   h.transports = {TransportKind::kTcp};
+  core::random_bytes(h.nonce);
   return h;
+}
+
+// A HELLO of an identity nobody will prove.
+inline engine::Hello hello_of_a_new_key() {
+  return hello_from(core::SigningKey::generate().public_key());
+}
+
+// A raw client of an identity of its own: its key, and the HELLO and AUTH that prove it.
+struct RawIdentity {
+  core::SigningKey key = core::SigningKey::generate();
+  engine::Hello hello = hello_from(key.public_key());
+  // AUTH for the server's answer `ack`, with a MAC of `secret` when one is given.
+  std::vector<uint8_t> auth(const engine::HelloAck& ack, const std::string& secret = {}) const {
+    const engine::Transcript t{hello.nonce,
+                               ack.nonce,
+                               {hello.key, hello.incarnation, hello.locality},
+                               {ack.key, ack.incarnation, ack.locality},
+                               hello.transports,
+                               ack.channels};
+    engine::Auth a{engine::sign_transcript(key, false, t), std::nullopt};
+    if (!secret.empty()) a.mac = engine::auth_mac(secret, false, t);
+    return engine::encode(a);
+  }
+};
+
+// A raw server's answer to `hello`, signed by `key`, naming `channels`.
+inline engine::HelloAck signed_hello_ack(const core::SigningKey& key, const engine::Hello& hello,
+                                         std::vector<TransportKind> channels) {
+  engine::HelloAck ack;
+  ack.key = key.public_key();
+  ack.incarnation = 1;
+  ack.channels = std::move(channels);
+  core::random_bytes(ack.nonce);
+  const engine::Transcript t{hello.nonce,
+                             ack.nonce,
+                             {hello.key, hello.incarnation, hello.locality},
+                             {ack.key, ack.incarnation, ack.locality},
+                             hello.transports,
+                             ack.channels};
+  ack.signature = engine::sign_transcript(key, true, t);
+  return ack;
+}
+
+// The server's HELLO_ACK, read from `raw` (a test failure if another frame came).
+inline engine::HelloAck read_hello_ack(Raw& raw) {
+  core::FrameHeader h;
+  std::vector<uint8_t> body;
+  engine::HelloAck ack;
+  EXPECT_TRUE(raw.read(h, body).ok());
+  EXPECT_EQ(h.type, core::FrameType::kHelloAck);
+  EXPECT_TRUE(engine::decode(body, ack).ok());
+  return ack;
 }
 
 // The CHANNEL_ADDRESSES frame of a client with one TCP channel of `streams` streams.
@@ -95,17 +150,15 @@ inline std::vector<uint8_t> tcp_channel_addresses(uint16_t streams = 1) {
 // and returns at once, so it can leave while the server is still admitting it. With a server of
 // more streams it joins only the first: the server holds it as joining, never publishes it.
 struct RawPeer {
-  explicit RawPeer(Engine& server, uint64_t id, const std::string& source = "127.0.0.1",
+  explicit RawPeer(Engine& server, const std::string& source = "127.0.0.1",
                    bool await_join_ok = true)
       : control(server, source) {
-    control.send(engine::encode(hello_from(id)));
+    control.send(engine::encode(identity.hello));
+    engine::HelloAck ack = read_hello_ack(control);
+    control.send(identity.auth(ack));
+    control.send(tcp_channel_addresses());
     core::FrameHeader h;
     std::vector<uint8_t> body;
-    EXPECT_TRUE(control.read(h, body).ok());
-    EXPECT_EQ(h.type, core::FrameType::kHelloAck);
-    engine::HelloAck ack;
-    EXPECT_TRUE(engine::decode(body, ack).ok());
-    control.send(tcp_channel_addresses());
     EXPECT_TRUE(control.read(h, body).ok());
     EXPECT_EQ(h.type, core::FrameType::kChannelAddresses);
     stream = std::make_unique<Raw>(server, source);
@@ -117,6 +170,7 @@ struct RawPeer {
     EXPECT_TRUE(stream->read(h, body).ok());
     EXPECT_EQ(h.type, core::FrameType::kJoinOk);
   }
+  RawIdentity identity;
   Raw control;
   std::unique_ptr<Raw> stream;
 };

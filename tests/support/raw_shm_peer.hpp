@@ -27,22 +27,20 @@
 namespace ferry::test {
 
 struct RawShmPeer {
-  // Connects to `server` (which offers the shm transport) as engine `id`, up to the point where
+  // Connects to `server` (which offers the shm transport) as an engine of its own, up to where
   // the server published the peer: then accept() returns it.
-  void start(Engine& server, uint64_t id) {
+  void start(Engine& server) {
     namespace shm = transport::shm;
     control = std::make_unique<Raw>(server);
-    engine::Hello hello = hello_from(id);
-    hello.locality = core::this_locality();
-    hello.transports = {TransportKind::kShm};
-    control->send(engine::encode(hello));
+    RawIdentity identity;
+    identity.hello.locality = core::this_locality();
+    identity.hello.transports = {TransportKind::kShm};
+    control->send(engine::encode(identity.hello));
+    engine::HelloAck ack = read_hello_ack(*control);
+    ASSERT_EQ(ack.channels, std::vector<TransportKind>{TransportKind::kShm});
+    control->send(identity.auth(ack));
     core::FrameHeader h;
     std::vector<uint8_t> body;
-    ASSERT_TRUE(control->read(h, body).ok());
-    ASSERT_EQ(h.type, core::FrameType::kHelloAck);
-    engine::HelloAck ack;
-    ASSERT_TRUE(engine::decode(body, ack).ok());
-    ASSERT_EQ(ack.channels, std::vector<TransportKind>{TransportKind::kShm});
 
     shm::Address ours;
     ours.pid = static_cast<uint32_t>(::getpid());

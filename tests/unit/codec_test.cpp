@@ -1,10 +1,15 @@
 // Wire codecs: frame header, handshake bodies, descriptors, base64url.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
 
 #include "core/base64.hpp"
+#include "core/crypto.hpp"
 #include "core/frame.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "support/pair.hpp"
 #include "transport/contract.hpp"
 #include "transport/tcp/tcp_frame.hpp"
 
@@ -93,6 +98,8 @@ TEST(FrameHeader, RejectsMalformedHeaders) {
   EXPECT_TRUE(decode_modified(same).ok());
   EXPECT_EQ(decode_modified(same, 0, 0).code(), ErrorCode::kProtocol);   // type 0
   EXPECT_EQ(decode_modified(same, 0, 12).code(), ErrorCode::kProtocol);  // gap in types
+  EXPECT_EQ(decode_modified(same, 0, core::kRetiredControlType).code(),
+            ErrorCode::kProtocol);  // AUTH_OK, gone since version 9
   EXPECT_EQ(decode_modified(same, 0, 200).code(), ErrorCode::kProtocol);
   EXPECT_EQ(decode_modified(same, 0, 30).code(), ErrorCode::kProtocol);  // a data type not TCP's
   // The core passes a data type it does not know to the transport, and refuses flags on
@@ -187,7 +194,7 @@ std::vector<uint8_t> body_of(const std::vector<uint8_t>& frame) {
 
 TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
   engine::Hello h;
-  h.engine_id = 1;
+  h.key[0] = 1;
   h.incarnation = 2;
   h.locality = {{7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8}, 4242};
   h.transports = {TransportKind::kVerbs, TransportKind::kTcp};
@@ -196,7 +203,8 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
   auto body = body_of(engine::encode(h));
   engine::Hello back;
   ASSERT_TRUE(engine::decode(body, back).ok());
-  EXPECT_EQ(back.engine_id, 1u);
+  EXPECT_EQ(back.key, h.key);
+  EXPECT_EQ(back.engine_id(), engine::engine_id_of(h.key));
   EXPECT_EQ(back.incarnation, 2u);
   EXPECT_EQ(back.locality.host, h.locality.host);
   EXPECT_EQ(back.locality.process, 4242u);
@@ -227,7 +235,8 @@ TEST(Handshake, HelloRoundTripsAndRejectsDamage) {
 
 TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   engine::HelloAck a;
-  a.engine_id = 5;
+  a.key[31] = 5;
+  a.signature[63] = 6;
   a.locality.host[15] = 3;
   a.locality.process = 77;
   a.channels = {TransportKind::kVerbs, TransportKind::kTcp};
@@ -236,6 +245,8 @@ TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   (*a.mac)[31] = 7;
   engine::HelloAck a2;
   ASSERT_TRUE(engine::decode(body_of(engine::encode(a)), a2).ok());
+  EXPECT_EQ(a2.key, a.key);
+  EXPECT_EQ(a2.signature, a.signature);
   EXPECT_EQ(a2.channels, a.channels);
   EXPECT_EQ(a2.locality.host, a.locality.host);
   EXPECT_EQ(a2.locality.process, 77u);
@@ -278,8 +289,68 @@ TEST(Handshake, HelloAckJoinAuthErrorRoundTrip) {
   EXPECT_EQ(e2.code, ErrorCode::kAuthFailed);
   EXPECT_EQ(e2.message, "nope");
 
-  engine::Auth au;
-  EXPECT_EQ(engine::decode(std::vector<uint8_t>(31), au).code(), ErrorCode::kProtocol);
+  // AUTH: the signature, and the MAC when there is one; anything else is refused.
+  for (bool with_mac : {false, true}) {
+    engine::Auth au;
+    au.signature[0] = 4;
+    if (with_mac) au.mac = core::Mac{9};
+    auto auth = body_of(engine::encode(au));
+    engine::Auth au2;
+    ASSERT_TRUE(engine::decode(auth, au2).ok());
+    EXPECT_EQ(au2.signature, au.signature);
+    EXPECT_EQ(au2.mac, au.mac);
+    for (std::size_t cut = 0; cut < auth.size(); ++cut) {
+      EXPECT_EQ(engine::decode({auth.data(), cut}, au2).code(), ErrorCode::kProtocol) << cut;
+    }
+    auth.push_back(0);
+    EXPECT_EQ(engine::decode(auth, au2).code(), ErrorCode::kProtocol);
+  }
+}
+
+TEST(Identity, KeysSignAndOthersCannot) {
+  core::SigningKey a = core::SigningKey::generate(), b = core::SigningKey::generate();
+  EXPECT_NE(a.public_key(), b.public_key());
+  EXPECT_NE(engine::engine_id_of(a.public_key()), engine::engine_id_of(b.public_key()));
+  const std::vector<uint8_t> message{1, 2, 3};
+  core::Signature sig = a.sign(message);
+  EXPECT_TRUE(core::signature_valid(a.public_key(), message, sig));
+  EXPECT_FALSE(core::signature_valid(b.public_key(), message, sig));
+  EXPECT_FALSE(core::signature_valid(a.public_key(), {message.data(), 2}, sig));
+  sig[10] ^= 1;
+  EXPECT_FALSE(core::signature_valid(a.public_key(), message, sig));
+  core::PublicKey not_a_point{};
+  not_a_point.fill(0xff);
+  EXPECT_FALSE(core::signature_valid(not_a_point, message, a.sign(message)));
+}
+
+TEST(Identity, AKeyFileIsCreatedOnceKeptPrivateAndReadBack) {
+  test::ScratchPath path("identity.pem");
+  core::SigningKey made = core::SigningKey::load_or_create(path.str());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.str().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(core::SigningKey::load_or_create(path.str()).public_key(), made.public_key());
+  // Others may read it: refused, as ssh refuses such a key.
+  ASSERT_EQ(::chmod(path.str().c_str(), 0644), 0);
+  try {
+    core::SigningKey::load_or_create(path.str());
+    ADD_FAILURE() << "a key file others can read was used";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+  // Not a key: refused, and left as it was.
+  ASSERT_EQ(::chmod(path.str().c_str(), 0600), 0);
+  { std::ofstream(path.str()) << "not a key\n"; }
+  try {
+    core::SigningKey::load_or_create(path.str());
+    ADD_FAILURE() << "a file holding no key was used";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+  std::ifstream kept(path.str());
+  std::string line;
+  std::getline(kept, line);
+  EXPECT_EQ(line, "not a key");
 }
 
 TEST(Handshake, ChannelAddressesRoundTripAndRejectDamage) {
@@ -313,52 +384,66 @@ TEST(Handshake, ChannelAddressesRoundTripAndRejectDamage) {
   EXPECT_EQ(engine::decode(body_of(engine::encode(none)), back).code(), ErrorCode::kProtocol);
 }
 
-TEST(Handshake, MacsBindRoleNoncesIdentitiesAndTransports) {
+// What binds a transcript, the MAC of a shared secret and each side's signature alike: a
+// change to anything in it is seen.
+TEST(Handshake, MacsAndSignaturesBindRoleNoncesIdentitiesAndTransports) {
   const std::vector<TransportKind> offered{TransportKind::kVerbs, TransportKind::kTcp};
   const std::vector<TransportKind> chosen{TransportKind::kVerbs, TransportKind::kTcp};
+  const core::SigningKey client_key = core::SigningKey::generate();
+  const core::SigningKey server_key = core::SigningKey::generate();
   engine::Transcript t;
   t.client_nonce[0] = 1;
   t.server_nonce[0] = 2;
-  t.client = {10, 100};
-  t.server = {20, 200};
+  t.client = {client_key.public_key(), 100, {}};
+  t.server = {server_key.public_key(), 200, {}};
   t.offered = offered;
   t.chosen = chosen;
-  auto server = engine::auth_mac("k", true, t);
-  auto differs = [&](std::string_view secret, bool as_server, const engine::Transcript& other) {
-    return !core::mac_equal(server, engine::auth_mac(secret, as_server, other));
+  auto server_mac = engine::auth_mac("k", true, t);
+  auto server_signature = engine::sign_transcript(server_key, true, t);
+  ASSERT_TRUE(engine::transcript_signed(true, t, server_signature));
+  ASSERT_TRUE(engine::transcript_signed(false, t, engine::sign_transcript(client_key, false, t)));
+  // Whether `other` (in role `as_server`) is told apart from `t` by the MAC and the signature.
+  auto differs = [&](bool as_server, const engine::Transcript& other) {
+    bool mac = !core::mac_equal(server_mac, engine::auth_mac("k", as_server, other));
+    bool signature = !engine::transcript_signed(as_server, other, server_signature);
+    EXPECT_EQ(mac, signature) << "the MAC and the signature disagree";
+    return mac && signature;
   };
-  EXPECT_TRUE(differs("k", false, t));
-  EXPECT_TRUE(differs("other", true, t));
+  EXPECT_TRUE(differs(false, t));  // reflected at the server
+  EXPECT_FALSE(core::mac_equal(server_mac, engine::auth_mac("other", true, t)));
+  // The client's key cannot sign for the server, nor the server's for the client.
+  EXPECT_FALSE(engine::transcript_signed(true, t, engine::sign_transcript(client_key, true, t)));
+  EXPECT_FALSE(engine::transcript_signed(false, t, engine::sign_transcript(server_key, false, t)));
   engine::Transcript swapped = t;
   std::swap(swapped.client_nonce, swapped.server_nonce);
-  EXPECT_TRUE(differs("k", true, swapped));
+  EXPECT_TRUE(differs(true, swapped));
   engine::Transcript other_engine = t;
-  other_engine.client.engine_id = 11;
-  EXPECT_TRUE(differs("k", true, other_engine));
+  other_engine.client.key[0] ^= 1;
+  EXPECT_TRUE(differs(true, other_engine));
   // Another incarnation of either engine cannot pass for this one.
   engine::Transcript incarnation = t;
   incarnation.client.incarnation = 101;
-  EXPECT_TRUE(differs("k", true, incarnation));
+  EXPECT_TRUE(differs(true, incarnation));
   incarnation = t;
   incarnation.server.incarnation = 201;
-  EXPECT_TRUE(differs("k", true, incarnation));
+  EXPECT_TRUE(differs(true, incarnation));
   // Nor can anyone move a peer to another host or process (and so away from the transports
   // that only reach within one).
   engine::Transcript moved = t;
   moved.client.locality.host[0] ^= 1;
-  EXPECT_TRUE(differs("k", true, moved));
+  EXPECT_TRUE(differs(true, moved));
   moved = t;
   moved.server.locality.process = 9;
-  EXPECT_TRUE(differs("k", true, moved));
+  EXPECT_TRUE(differs(true, moved));
   // Nobody in between can take verbs out of the offer or the choice unnoticed.
   const std::vector<TransportKind> tcp_only{TransportKind::kTcp};
   engine::Transcript downgraded = t;
   downgraded.offered = tcp_only;
-  EXPECT_TRUE(differs("k", true, downgraded));
+  EXPECT_TRUE(differs(true, downgraded));
   downgraded = t;
   downgraded.chosen = tcp_only;
-  EXPECT_TRUE(differs("k", true, downgraded));
-  EXPECT_FALSE(differs("k", true, t));
+  EXPECT_TRUE(differs(true, downgraded));
+  EXPECT_FALSE(differs(true, t));
 }
 
 Descriptor sample_descriptor() {
