@@ -260,16 +260,22 @@ def test_ctrl_c_ends_every_blocking_call(pair):
         "Engine.accept": lambda: pair.target.accept(60.0),
         "Engine.connect": lambda: patient.connect(f"127.0.0.1:{silent.getsockname()[1]}"),
     }
-    for name, call in calls.items():
-        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-        started = time.monotonic()
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                call()
-        finally:
-            timer.join()
-        assert time.monotonic() - started < 30.0, f"{name} slept out its timeout"
+    # Python leaves SIGINT ignored when its parent ignored it (a job started in the background
+    # by a shell without job control, as `make test &`): Ctrl-C's handler, for this test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for name, call in calls.items():
+            timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    call()
+            finally:
+                timer.join()
+            assert time.monotonic() - started < 30.0, f"{name} slept out its timeout"
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # The engine whose connect was stopped is not shut down by it.
     assert patient.connect(pair.target.address).connected
     patient.shutdown()
