@@ -155,6 +155,7 @@ test-python-asan: deps-test
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python
 	$(VENV)/bin/python bench/python_overhead.py build/release/tools/ferry
+	$(VENV)/bin/python bench/python_asyncio.py build/release/tools/ferry
 
 check-layers:
 	@bash scripts/check-layers.sh

@@ -1,13 +1,18 @@
 """asyncio support: awaiting a Future and iterating over notifications without busy-polling.
 
-A completion is handed to the event loop with ``loop.call_soon_threadsafe`` from the Ferry
-thread that completes it; no Python code polls.
+Awaited futures are watched by one ``_ferry.Completions`` per event loop: a Ferry thread that
+completes one notes it there without taking the GIL, and the loop, woken once through an eventfd
+for however many completed meanwhile, settles them all. No Python code polls; a loop that has
+nothing else to run spins up to the engine's ``wait_spin`` (50 us by default, 0: never) before
+it sleeps, as ``Future.wait()`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+import weakref
 from typing import Any, Generator, cast
 
 from . import _ferry
@@ -23,18 +28,58 @@ def _settle(result: asyncio.Future[Any], future: _ferry.Future) -> None:
         result.set_exception(cast(BaseException, error))
 
 
+class _LoopCompletions:
+    """One event loop's awaited futures, settled in batches when the loop reads the eventfd.
+
+    It holds no reference to its loop (the loop holds it, through its reader), so a loop that
+    is dropped takes it along.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue = _ferry.Completions()
+        self._waiting: dict[int, tuple[asyncio.Future[int], _ferry.Future]] = {}
+        self._tokens = itertools.count()
+        loop.add_reader(self._queue.fileno(), self._drain)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, future: _ferry.Future) -> asyncio.Future[int]:
+        result: asyncio.Future[int] = loop.create_future()
+        token = next(self._tokens)
+        self._waiting[token] = (result, future)
+        self._queue.watch(future, token)
+        return result
+
+    def _drain(self) -> None:
+        waiting = self._waiting
+        for token in self._queue.drain():
+            _settle(*waiting.pop(token))
+
+
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCompletions] = (
+    weakref.WeakKeyDictionary())
+
+
+def _finished(value: int) -> Generator[Any, None, int]:
+    """An awaitable's iterator that is done at once, with `value`."""
+    return value
+    yield  # a generator, never reached  # pylint: disable=unreachable
+
+
 def await_future(future: _ferry.Future) -> Generator[Any, None, int]:
+    """What ``Future.__await__`` returns: the iterator of an asyncio future that the loop's
+    completions settle, or one done at once for a future already complete."""
     loop = asyncio.get_running_loop()
-    result: asyncio.Future[int] = loop.create_future()
-
-    def on_done(done: _ferry.Future) -> None:
-        try:
-            loop.call_soon_threadsafe(_settle, result, done)
-        except RuntimeError:  # the loop was closed meanwhile: nobody awaits any more
-            pass
-
-    future.add_done_callback(on_done)
-    return (yield from result.__await__())
+    # A loop with nothing else to run spins up to wait_spin first, as wait() would: a completion
+    # that comes within microseconds then costs no wake-up of the progress thread or the loop.
+    # (`_ready` is CPython's run queue; other loops skip the spin.)
+    if future.done() or (not getattr(loop, "_ready", True) and cast(Any, future)._spin()):
+        error = future.exception()
+        if error is not None:
+            raise cast(BaseException, error)
+        return _finished(future.bytes)
+    completions = _per_loop.get(loop)
+    if completions is None:
+        completions = _per_loop[loop] = _LoopCompletions(loop)
+    return completions.watch(loop, future).__await__()
 
 
 class Notifications:

@@ -1,9 +1,17 @@
 // ferry.Future: wait with a timeout (the GIL released, Ctrl-C honoured), poll, callbacks.
-// Awaiting one in asyncio is in ferry/_aio.py, on top of add_done_callback.
+// Awaiting one in asyncio is in ferry/_aio.py, on top of ferry._ferry.Completions.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "bindings.hpp"
 
@@ -32,9 +40,87 @@ Status wait_for(const PyFuture& f, std::optional<double> timeout) {
   return finished ? f.future.status() : s;
 }
 
+// Completions handed to an asyncio event loop in batches (ferry/_aio.py): the Ferry thread that
+// completes a watched future only notes its token and, unless the loop was told already, writes
+// the eventfd the loop reads. No GIL on Ferry threads, one loop wake-up for many completions.
+class Completions {
+ public:
+  Completions() : state_(std::make_shared<State>()) {}
+  int fileno() const { return state_->fd; }
+  void watch(const PyFuture& f, uint64_t token) {
+    f.future.then([state = state_, token](const Status&) { state->complete(token); });
+  }
+  // The tokens of the futures completed since the last call, in completion order.
+  std::vector<uint64_t> drain() { return state_->take(); }
+
+ private:
+  // Shared with the callbacks, so the eventfd outlives every future still watched.
+  struct State {
+    State() : fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+      if (fd < 0) throw Error(ErrorCode::kSystem, std::string("eventfd: ") + std::strerror(errno));
+    }
+    ~State() { ::close(fd); }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+
+    void complete(uint64_t token) {
+      std::lock_guard lock(mu);
+      done.push_back(token);
+      if (told) return;
+      told = true;
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
+    }
+    std::vector<uint64_t> take() {
+      // Read before taking the list: a completion in between is taken now, one after is told.
+      uint64_t count = 0;
+      [[maybe_unused]] ssize_t n = ::read(fd, &count, sizeof count);
+      std::lock_guard lock(mu);
+      std::vector<uint64_t> out(done.begin(), done.end());
+      done.clear();  // keeps its capacity: completing allocates nothing once warm
+      told = false;
+      return out;
+    }
+
+    const int fd;
+    std::mutex mu;
+    std::vector<uint64_t> done;
+    bool told = false;  // the eventfd was written since the last take()
+  };
+  std::shared_ptr<State> state_;
+};
+
+// ferry._aio's entry points, looked up once: awaiting is on the hot path of asyncio programs.
+// Kept for the process (never released: the interpreter may be gone at exit); constant-
+// initialized, so no guard is taken while the import releases the GIL. Two threads racing here
+// under the GIL store the same objects, one reference more kept.
+struct AioEntryPoints {
+  PyObject* finished = nullptr;      // _finished(value): an awaitable's iterator, done at once
+  PyObject* await_future = nullptr;  // await_future(future)
+};
+const AioEntryPoints& aio() {
+  static AioEntryPoints entry;
+  if (entry.await_future == nullptr) {
+    nb::module_ module = nb::module_::import_("ferry._aio");
+    entry.finished = nb::object(module.attr("_finished")).release().ptr();
+    entry.await_future = nb::object(module.attr("await_future")).release().ptr();
+  }
+  return entry;
+}
+
 }  // namespace
 
 void bind_future(nb::module_& m) {
+  nb::class_<Completions>(m, "Completions",
+                          "Futures' completions for one asyncio event loop, in batches: watch() "
+                          "futures, wait for fileno() to be readable, drain() their tokens.")
+      .def(nb::init<>())
+      .def("fileno", &Completions::fileno)
+      .def("watch", &Completions::watch, "future"_a, "token"_a,
+           "Once `future` completes, `token` is among what drain() returns.")
+      .def("drain", &Completions::drain,
+           "The tokens of the futures completed since the last call.");
+
   nb::class_<PyFuture>(m, "Future",
                        "The completion of one operation. Awaitable in asyncio; any thread may "
                        "wait on it.")
@@ -51,6 +137,20 @@ void bind_future(nb::module_& m) {
       .def(
           "done", [](const PyFuture& f) { return f.future.test(); },
           "True once completed, successfully or not.")
+      .def(
+          "_spin",
+          [](const PyFuture& f) {
+            const auto& engine = nb::cast<const PyEngine&>(nb::cast<const PyPeer&>(f.peer).engine);
+            Duration spin = engine.engine ? engine.engine->config().wait_spin : Duration(0);
+            if (spin.count() > 0 && !f.future.test()) {
+              nb::gil_scoped_release unlocked;
+              (void)f.future.wait(spin);  // spins at most wait_spin, sleeps no further
+            }
+            return f.future.test();
+          },
+          "Spin up to the engine's wait_spin for the completion, as wait() does before it sleeps, "
+          "the GIL released; returns done(). Awaiting calls it when its event loop has nothing "
+          "else to run.")
       .def_prop_ro(
           "bytes", [](const PyFuture& f) { return f.future.bytes(); },
           "Bytes moved; for recv(), the length of the message received.")
@@ -72,7 +172,13 @@ void bind_future(nb::module_& m) {
       .def(
           "__await__",
           [](nb::handle self) {
-            return nb::module_::import_("ferry._aio").attr("await_future")(self);
+            auto& f = nb::cast<PyFuture&>(self);
+            if (f.future.test()) {  // done: no trip through the event loop
+              Status s = f.future.status();
+              if (!s.ok()) raise_status(s);
+              return nb::handle(aio().finished)(f.future.bytes());
+            }
+            return nb::handle(aio().await_future)(self);
           },
           "Await it in asyncio: the completion is handed to the event loop, nothing polls.")
       .def(

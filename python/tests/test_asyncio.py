@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import ferry
-from conftest import WAIT
+from conftest import WAIT, config
 
 
 def test_await_operations(pair):
@@ -53,6 +54,106 @@ def test_a_cancelled_await_leaves_the_loop_healthy(pair):
         assert pending.wait(WAIT) == 8
 
     asyncio.run(main())
+
+
+def test_completions_come_in_batches_one_wake_up_for_many(pair):
+    import select
+
+    remote = pair.target.register(np.zeros(64, np.uint8), access=ferry.Access.REMOTE_WRITE)
+    local = pair.initiator.register(np.ones(64, np.uint8))
+    completions = ferry._ferry.Completions()
+    fd = completions.fileno()
+    assert select.select([fd], [], [], 0)[0] == []
+    futures = [pair.peer.write(local, remote.descriptor(), length=8) for _ in range(16)]
+    for token, future in enumerate(futures):
+        completions.watch(future, token)
+    for future in futures:
+        future.wait(WAIT)
+    assert select.select([fd], [], [], WAIT)[0] == [fd]
+    assert sorted(completions.drain()) == list(range(16))
+    # Drained: nothing is left to read until the next completion.
+    assert select.select([fd], [], [], 0)[0] == []
+    assert completions.drain() == []
+    late = pair.peer.write(local, remote.descriptor(), length=8)
+    completions.watch(late, 99)
+    late.wait(WAIT)
+    assert select.select([fd], [], [], WAIT)[0] == [fd]
+    assert completions.drain() == [99]
+
+
+def test_awaits_settle_on_their_own_loops(pair):
+    target_bytes = np.zeros(1 << 16, np.uint8)
+    source_bytes = np.random.default_rng(1).integers(0, 256, 1 << 16, dtype=np.uint8)
+    remote = pair.target.register(target_bytes, access=ferry.Access.REMOTE_WRITE)
+    local = pair.initiator.register(source_bytes)
+
+    async def writes(base):
+        return await asyncio.gather(*(
+            pair.peer.write(local, remote.descriptor(), local_offset=base + i * 64,
+                            remote_offset=base + i * 64, length=64) for i in range(128)))
+
+    results = {}
+
+    def run(base):
+        results[base] = asyncio.run(asyncio.wait_for(writes(base), WAIT))
+
+    threads = [threading.Thread(target=run, args=(base,)) for base in (0, 8192, 16384, 24576)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 8192, 16384, 24576]
+    assert all(r == [64] * 128 for r in results.values())
+    assert (target_bytes[:32768] == source_bytes[:32768]).all()
+    # And again on a new loop in this thread, after the others were closed.
+    assert asyncio.run(asyncio.wait_for(writes(0), WAIT)) == [64] * 128
+
+
+def test_a_loop_closed_while_awaiting_leaves_the_operation_to_finish(pair):
+    received = np.zeros(8, np.uint8)
+    inbox = pair.target.register(received)
+    pending = pair.target_peer.recv(5, inbox)
+
+    async def main():
+        await asyncio.wait_for(_aw(pending), 0.05)
+
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(main())  # closes its loop with the receive still watched
+    source = pair.initiator.register(np.full(8, 3, np.uint8))
+    assert pair.peer.send(5, source).wait(WAIT) == 8
+    assert pending.wait(WAIT) == 8
+    assert (received == 3).all()
+
+
+def test_an_idle_loop_spins_for_a_quick_completion_and_still_settles_slow_ones():
+    # wait_spin as by default (the other tests turn it off): an await on an idle loop spins
+    # first; what does not complete within it goes through the loop's completions.
+    target = ferry.Engine(**{**config(), "wait_spin": 0.05})
+    initiator = ferry.Engine(**{**config(listen=False), "wait_spin": 0.05})
+    try:
+        peer = initiator.connect(target.address)
+        target_peer = target.accept(WAIT)
+        received = np.zeros(8, np.uint8)
+        region = target.register(received, access=ferry.Access.REMOTE_WRITE)
+        readable = target.register(np.zeros(8, np.uint8), access=ferry.Access.REMOTE_READ)
+        source = initiator.register(np.full(8, 7, np.uint8))
+
+        async def main():
+            written = await peer.write(source, region.descriptor())
+            with pytest.raises(ferry.PermissionDenied):
+                await peer.write(source, readable.descriptor())
+            inbox = target.register(np.zeros(8, np.uint8))
+            pending = target_peer.recv(3, inbox)
+            sender = asyncio.get_running_loop().call_later(0.2, peer.send, 3, source)
+            got = await pending  # spins 50 ms, then waits for the send 150 ms later
+            sender.cancel()
+            return written, got
+
+        assert asyncio.run(asyncio.wait_for(main(), WAIT)) == (8, 8)
+        assert (received == 7).all()
+    finally:
+        initiator.shutdown()
+        target.shutdown()
 
 
 async def _aw(future):
