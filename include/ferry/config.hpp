@@ -79,13 +79,14 @@ struct ShmConfig {
   // Writes of 256 KiB up to this many bytes in all, and messages of that size up to 2 MiB,
   // may travel through the shared-memory rings in 32 KiB pieces (in cache, both sides at once;
   // which of them do: measure_paths) instead of one process_vm_readv, which moved them slower on
-  // a 2-core VM (docs/performance.md, "Real bytes on both sides, and mid-size writes through the
-  // rings"). Below 256 KiB (0 included) none do: then only slices of 32 KiB or less ride in the
-  // rings. The initiating (sending) engine's setting counts. Where caches or the kernel's page
-  // walks differ, `ferry bench --transport shm --shm.ring_copies_up_to` finds the crossover. 2 ->
-  // 16 MiB, with stream_poll below, moved 16 MiB writes faster, 8 in flight from one area and one
-  // at a time, and 8 MiB ones too (docs/performance.md, "Streams through the rings"). Messages stay
-  // at 2 MiB: one that finds no receive posted would be buffered whole.
+  // a 2-core VM (docs/performance-history.md, "Real bytes on both sides, and mid-size writes
+  // through the rings"). Below 256 KiB (0 included) none do: then only slices of 32 KiB or less
+  // ride in the rings. The initiating (sending) engine's setting counts. Where caches or the
+  // kernel's page walks differ, `ferry bench --transport shm --shm.ring_copies_up_to` finds the
+  // crossover. 2 -> 16 MiB, with stream_poll below, moved 16 MiB writes faster, 8 in flight from
+  // one area and one at a time, and 8 MiB ones too (docs/performance-history.md, "Streams through
+  // the rings"). Messages stay at 2 MiB: one that finds no receive posted would be buffered
+  // whole.
   uint64_t ring_copies_up_to = 16 << 20;
   // Writes of that window, and messages of its part up to 2 MiB, take, each, the way that
   // moved writes (or messages) of their size faster lately: through the rings, or pulled by the
@@ -98,8 +99,8 @@ struct ShmConfig {
   // progress thread keeps polling them this long for the next piece before it sleeps. Without
   // it the two sides took turns, each waking the other: through the rings, 8 in flight from one
   // area, 16 MiB messages moved far more with 20 us than without, and writes somewhat more
-  // (docs/performance.md, "Streams through the rings"). Small records never start it. 0 turns
-  // it off; at most 1 s.
+  // (docs/performance-history.md, "Streams through the rings"). Small records never start it. 0
+  // turns it off; at most 1 s.
   Duration stream_poll = std::chrono::microseconds(20);
 };
 

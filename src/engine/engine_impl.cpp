@@ -186,10 +186,11 @@ std::size_t EngineImpl::next_imms(std::span<ImmEvent> out, Duration timeout) {
   // Spins first, as Future::wait does: a notification that comes within Config::wait_spin then
   // costs no wake-up of this thread, nor a futex call on the progress thread delivering it.
   // It lowered p50 and p99 of ferry emulate's frames through a TCP ferry stream, end to end
-  // (docs/performance.md, "Streaming"). The spin polls the peers' same-host rings and completion
-  // queues itself, so their notifications need no progress thread woken either: a write_with_imm
-  // ping-pong over shm, each side in next_imm, became many times faster (docs/performance.md,
-  // "Notifications taken by a polling next_imm, 32 KiB records, 2 MiB through the rings").
+  // (docs/performance-history.md, "Streaming"). The spin polls the peers' same-host rings and
+  // completion queues itself, so their notifications need no progress thread woken either: a
+  // write_with_imm ping-pong over shm, each side in next_imm, became many times faster
+  // (docs/performance-history.md, "Notifications taken by a polling next_imm, 32 KiB records,
+  // 2 MiB through the rings").
   Duration spin = std::min(timeout, config.wait_spin);
   if (spin.count() > 0 && !imms_waiting_.load(std::memory_order_acquire)) {
     std::shared_ptr<const PolledPools> polled;

@@ -17,7 +17,7 @@ class Gathering {
 
   // About this many chunks gather in one pause, at the rate they came lately: a TCP stream of
   // 64 KiB chunks on the 2-core VM moves one per 19 us, where fixed pauses of 200-400 us
-  // (10-20 chunks) gave 0.82-1.12x ferry bench, 100 us 0.61-0.91x (docs/performance.md,
+  // (10-20 chunks) gave 0.82-1.12x ferry bench, 100 us 0.61-0.91x (docs/performance-history.md,
   // "Streaming"); over verbs in the Soft-RoCE guest one comes per ms, where 3 ms pauses gave
   // 0.85-1.10x against 0.77-0.94x without.
   static constexpr uint64_t kChunksPerPause = 12;

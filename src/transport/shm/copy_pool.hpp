@@ -26,13 +26,14 @@ namespace ferry::transport::shm {
 
 // The least a part holds: below it, waking a helper costs more than it saves. With parts from
 // 256 KiB, 512 KiB reads (two parts) were slower than unsplit ones, one at a time and 8 in
-// flight (docs/performance.md, "Real bytes on both sides, and mid-size writes through the
-// rings"). From 512 KiB (1 MiB pulls in two parts), once helpers spin between parts (kCopySpin)
+// flight (docs/performance-history.md, "Real bytes on both sides, and mid-size writes through
+// the rings"). From 512 KiB (1 MiB pulls in two parts), once helpers spin between parts (kCopySpin)
 // and large ops' waiters yield (OpPool::kYieldingSpinFrom), 1 MiB reads one at a time and 1 MiB
 // writes 8 in flight were faster (docs/performance.md, "Each transfer the faster way"). memcpy
 // is several times faster than a process_vm_readv stream, and a split slowed 1 MiB mapped
 // writes, so memcpy splits only from 8 MiB up, where split copies beat one memcpy thread
-// (docs/performance.md, "Mapped regions, copy threads, and the comparison with memcpy and UCX").
+// (docs/performance-history.md, "Mapped regions, copy threads, and the comparison with memcpy
+// and UCX").
 constexpr std::size_t kMinPartBytes = 512 << 10;
 constexpr std::size_t kMinMemcpyPartBytes = 4 << 20;
 // The most helpers an engine may ask for (ShmConfig::copy_threads).
@@ -41,9 +42,9 @@ constexpr int kMaxCopyThreads = 16;
 // finished its own part spins for the helpers' before sleeping. A large pull's records come one
 // after the other, each split anew, and waking a sleeping thread twice a record cost a visible
 // share of the record's copy. With the spin, 64 MiB writes one at a time moved more; reads,
-// mapped 64 MiB copies and 1 MiB x8 writes did not change (docs/performance.md, "Copy threads
-// spin between a pull's records, and the host's ceiling"). The spin costs a helper at most this
-// much CPU after each part of at least 1 MiB, which takes longer than that to copy.
+// mapped 64 MiB copies and 1 MiB x8 writes did not change (docs/performance-history.md, "Copy
+// threads spin between a pull's records, and the host's ceiling"). The spin costs a helper at
+// most this much CPU after each part of at least 1 MiB, which takes longer than that to copy.
 constexpr std::chrono::microseconds kCopySpin{50};
 
 // One process_vm_readv of `n` pieces from `pid`, pairwise of equal lengths, `total` bytes.

@@ -77,8 +77,8 @@ constexpr std::chrono::nanoseconds kMaxStreamPoll = std::chrono::seconds(1);
 // Bytes of a write's large slices one record asks the target to pull: one process_vm_readv,
 // split over the copy threads. Against one process_vm_readv stream, 64 MiB writes fell behind in
 // 1 MiB records (a slice) and pulled well ahead in records of 4-16 MiB, 8 MiB among the best
-// (docs/performance.md, "Mapped regions, copy threads, and the comparison with memcpy and UCX").
-// A record holds the target's progress thread for its copy, so records are no larger.
+// (docs/performance-history.md, "Mapped regions, copy threads, and the comparison with memcpy
+// and UCX"). A record holds the target's progress thread for its copy, so records are no larger.
 constexpr uint64_t kPullRecordBytes = 8 << 20;
 // Regions of one peer mapped at once (each costs a mapping and a file descriptor): the least
 // recently used one is given back to make room. The target lends no more than this either.

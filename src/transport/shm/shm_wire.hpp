@@ -96,8 +96,8 @@ constexpr uint32_t kMaxEntries = 256;
 // process_vm_readv call and its page walk, and each record costs its header, table and answer.
 // 16 -> 32 KiB (with 512 KiB rings) moved 1 MiB writes and sends 8 in flight faster and cut the
 // p50 of 1 MiB writes and 24 KiB sends one at a time; 64 KiB slices (1 MiB rings) moved writes
-// as much, sends less (docs/performance.md, "Notifications taken by a polling next_imm, 32 KiB
-// records, 2 MiB through the rings").
+// as much, sends less (docs/performance-history.md, "Notifications taken by a polling next_imm,
+// 32 KiB records, 2 MiB through the rings").
 constexpr std::size_t kInlineBytes = 32 << 10;
 // Writes and messages from this many bytes in all (up to ShmConfig::ring_copies_up_to, 16 MiB
 // by default; messages up to kMessageRingCopiesUpTo) ride in records too, cut into kInlineBytes
@@ -105,15 +105,16 @@ constexpr std::size_t kInlineBytes = 32 << 10;
 // on both sides, where one process_vm_readv of 512 KiB-1 MiB walks its pages alone. Through
 // the rings, writes of 256 KiB to 1 MiB moved faster than pulled, one at a time and 8 in flight;
 // 128 KiB moved slower and 2 MiB no faster (16 KiB slices then; with 32 KiB ones 2 MiB gains
-// too, and 16 MiB with ShmConfig::stream_poll: ShmConfig; docs/performance.md, "Real bytes on
-// both sides, and mid-size writes through the rings"). Below 256 KiB a pull is one record where
-// the rings take several, each a chance to find the target's vCPU idle and wait for its wake-up.
+// too, and 16 MiB with ShmConfig::stream_poll: ShmConfig; docs/performance-history.md, "Real
+// bytes on both sides, and mid-size writes through the rings"). Below 256 KiB a pull is one
+// record where the rings take several, each a chance to find the target's vCPU idle and wait for
+// its wake-up.
 constexpr std::size_t kRingCopiesFrom = 256 << 10;
 // Messages ride in records only up to this size, whatever ShmConfig::ring_copies_up_to: one
 // that finds no receive posted is buffered whole at the receiver (a pulled one waits at the
 // sender, no copy), and then moves twice more. One at a time, where the receiver posts the next
 // receive only after taking a message, 4-16 MiB sends moved less through the rings than pulled
-// (docs/performance.md, "Streams through the rings").
+// (docs/performance-history.md, "Streams through the rings").
 constexpr std::size_t kMessageRingCopiesUpTo = 2 << 20;
 // An error text in a response.
 constexpr std::size_t kMaxTextBytes = 512;

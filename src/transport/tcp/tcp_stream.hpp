@@ -45,7 +45,7 @@ constexpr int kRecvCallsPerEvent = 16;
 // ...and at most this many bytes (a large payload is received straight into its destination,
 // up to a slice per call): with 16 calls of up to 1 MiB per wake-up on one progress thread, a
 // peer flooding 8 MiB writes held another peer's 8-byte writes at a p99 several times the one
-// they have with this budget (docs/performance.md, "Beside hostile peers").
+// they have with this budget (docs/performance-history.md, "Beside hostile peers").
 constexpr std::size_t kRecvBytesPerEvent = 1 << 20;
 // ...and this many frames. Frames left in the staging buffer are taken up by a task posted to
 // the loop, behind the other sockets' events.

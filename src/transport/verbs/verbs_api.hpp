@@ -23,7 +23,7 @@ struct VerbsApi {
   int (*query_gid)(ibv_context*, uint8_t, int, ibv_gid*) = nullptr;
   // Optional (rdma-core >= 32): GID type without reading sysfs, and every valid GID in one
   // call (rxe's table has 1024 entries; asking for each slowed every engine's setup in the guest:
-  // docs/performance.md, "Where a ping-pong round goes, and what came off it").
+  // docs/performance-history.md, "Where a ping-pong round goes, and what came off it").
   int (*query_gid_ex)(ibv_context*, uint32_t, uint32_t, ibv_gid_entry*, uint32_t, size_t) = nullptr;
   ssize_t (*query_gid_table)(ibv_context*, ibv_gid_entry*, size_t, uint32_t, size_t) = nullptr;
   ibv_pd* (*alloc_pd)(ibv_context*) = nullptr;

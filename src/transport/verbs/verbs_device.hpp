@@ -43,8 +43,8 @@ class VerbsDevice final : public Transport {
   // messages go by rendezvous, so this bounds what one eager SEND or CHUNK carries. 64 KiB
   // messages go eager because a rendezvous costs RTS, CTS and FIN, each a packet plus its RC
   // ACK: 23 packets against ib_send_bw's 17, and 64 KiB sends fell behind it by about that much;
-  // eager, they came closer (docs/performance.md, "Sends at 64 KiB go eager"). The copy out of
-  // the slot costs less than those packets.
+  // eager, they came closer (docs/performance-history.md, "Sends at 64 KiB go eager"). The copy
+  // out of the slot costs less than those packets.
   static constexpr uint32_t kRecvSlotBytes = 65536 + 64;
   // The shared receive queue every queue pair of the device takes its receives from: messages
   // (SEND) and WRITE_WITH_IMM notifications of every peer. Each receive owns one slot of a
