@@ -1,8 +1,9 @@
 """asyncio support: awaiting a Future and iterating over notifications without busy-polling.
 
-Awaited futures are watched by one ``_ferry.Completions`` per event loop: a Ferry thread that
-completes one notes it there without taking the GIL, and the loop, woken once through an eventfd
-for however many completed meanwhile, settles them all. No Python code polls; a loop that has
+Awaited futures are watched by one ``_ferry.Completions`` per event loop, and notifications
+queue in a ``_ferry.Notifier``: a Ferry thread notes a completion or a notification there without
+taking the GIL, and the loop, woken once through an eventfd for however many came meanwhile,
+takes them all. No Python code polls; a loop that has
 nothing else to run spins up to the engine's ``wait_spin`` (50 us by default, 0: never) before
 it sleeps, as ``Future.wait()`` does.
 """
@@ -92,31 +93,34 @@ class Notifications:
 
     def __init__(self, engine: _ferry.Engine) -> None:
         self._engine = engine
-        # Filled by a Ferry thread, drained by the loop: a delivery never depends on the loop
-        # still running, so closing it loses nothing.
         self._inbox: collections.deque[_ferry.ImmEvent] = collections.deque()
+        # Queued by Ferry threads without the GIL, taken by the loop when its eventfd is
+        # readable: a delivery never depends on the loop still running, so closing it loses
+        # nothing (`unread` takes what is queued).
+        self._notifier: _ferry.Notifier | None = None
+        self._closed: _ferry.Notifier | None = None  # the last one closed: a late delivery
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def unread(self) -> list[_ferry.ImmEvent]:
+        for notifier in (self._closed, self._notifier):
+            if notifier is not None:
+                self._inbox.extend(notifier.drain())
         return list(self._inbox)
 
     def _open(self) -> asyncio.Event:
-        if self._wake is None:
-            loop = asyncio.get_running_loop()
-            wake = asyncio.Event()
-            inbox = self._inbox
-
-            def deliver(event: _ferry.ImmEvent) -> None:  # on a Ferry thread
-                inbox.append(event)
-                try:
-                    loop.call_soon_threadsafe(wake.set)
-                except RuntimeError:  # the loop is closed: the event waits in `unread`
-                    pass
-
-            self._wake = wake
-            self._engine.on_imm(deliver)
+        if self._notifier is None or self._wake is None:
+            self._loop = asyncio.get_running_loop()
+            self._notifier = _ferry.Notifier(self._engine)
+            self._wake = asyncio.Event()
+            self._loop.add_reader(self._notifier.fileno(), self._take)
         return self._wake
+
+    def _take(self) -> None:  # on the loop, its eventfd readable
+        if self._notifier is not None and self._wake is not None:
+            self._inbox.extend(self._notifier.drain())
+            self._wake.set()
 
     def __aiter__(self) -> "Notifications":
         return self
@@ -125,8 +129,6 @@ class Notifications:
         wake = self._open()
         while not self._inbox:
             wake.clear()
-            if self._inbox:
-                break
             await wake.wait()
         return self._inbox.popleft()
 
@@ -139,6 +141,10 @@ class Notifications:
 
     async def close(self) -> None:
         """Switch notifications back to next_imm(); what was not consumed stays in ``unread``."""
-        if self._wake is not None:
-            self._engine.on_imm(None)
-            self._wake = None
+        notifier, self._notifier, self._wake = self._notifier, None, None
+        if notifier is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(notifier.fileno())
+            notifier.close()
+            self._inbox.extend(notifier.drain())
+            self._closed = notifier

@@ -5,8 +5,13 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -45,6 +50,48 @@ bool wait_interruptibly(Clock::time_point deadline, Done done) {
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
   }
 }
+
+// What Ferry threads hand to an asyncio event loop (ferry/_aio.py): push() takes no GIL and
+// writes the eventfd the loop waits on only when the loop was not told since its last take(),
+// so one wake-up carries however many items came meanwhile.
+template <typename T>
+class LoopQueue {
+ public:
+  LoopQueue() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (fd_ < 0) throw Error(ErrorCode::kSystem, std::string("eventfd: ") + std::strerror(errno));
+  }
+  ~LoopQueue() { ::close(fd_); }
+  LoopQueue(const LoopQueue&) = delete;
+  LoopQueue& operator=(const LoopQueue&) = delete;
+
+  int fileno() const { return fd_; }
+  void push(T item) {
+    std::lock_guard lock(mu_);
+    items_.push_back(std::move(item));
+    if (told_) return;
+    told_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(fd_, &one, sizeof one);
+  }
+  // Everything pushed since the last call, in order.
+  std::vector<T> take() {
+    // Read before taking the items: one pushed in between is taken now, one after is told.
+    uint64_t count = 0;
+    [[maybe_unused]] ssize_t n = ::read(fd_, &count, sizeof count);
+    std::lock_guard lock(mu_);
+    std::vector<T> out(std::make_move_iterator(items_.begin()),
+                       std::make_move_iterator(items_.end()));
+    items_.clear();  // keeps its capacity: pushing allocates nothing once warm
+    told_ = false;
+    return out;
+  }
+
+ private:
+  const int fd_;
+  std::mutex mu_;
+  std::vector<T> items_;
+  bool told_ = false;  // the eventfd was written since the last take()
+};
 
 // Raises the exception class of `status.code()` (ferry.errors) with its message.
 [[noreturn]] void raise_status(const Status& status);

@@ -319,8 +319,38 @@ void bind_peers(nb::class_<PyEngine>& cls) {
           "The next peer that connected, or None after `timeout` seconds.");
 }
 
+// An engine's notifications handed to an asyncio event loop in batches (ferry.Notifications):
+// queued on the Ferry thread that delivers them, without the GIL.
+class Notifier {
+ public:
+  explicit Notifier(nb::handle engine) : engine_(nb::borrow(engine)) {
+    nb::cast<PyEngine&>(engine_).get().on_imm(
+        [queue = queue_](const ImmEvent& event) { queue->push(event); });
+  }
+  int fileno() const { return queue_->fileno(); }
+  std::vector<ImmEvent> drain() { return queue_->take(); }
+  // Notifications go back to next_imm(); one delivered meanwhile still comes out of drain().
+  void close() {
+    auto& engine = nb::cast<PyEngine&>(engine_);
+    if (engine.engine) engine.engine->on_imm(nullptr);
+  }
+
+ private:
+  nb::object engine_;  // PyEngine
+  // Shared with the callback, which a delivery under way may still hold after close().
+  std::shared_ptr<LoopQueue<ImmEvent>> queue_ = std::make_shared<LoopQueue<ImmEvent>>();
+};
+
 // Notifications, and shutdown.
-void bind_notifications(nb::class_<PyEngine>& cls) {
+void bind_notifications(nb::module_& m, nb::class_<PyEngine>& cls) {
+  nb::class_<Notifier>(m, "Notifier",
+                       "An engine's notifications for one asyncio event loop, in batches: wait "
+                       "for fileno() to be readable, drain() them.")
+      .def(nb::init<nb::handle>(), "engine"_a)
+      .def("fileno", &Notifier::fileno)
+      .def("drain", &Notifier::drain, "The notifications delivered since the last call.")
+      .def("close", &Notifier::close, "Switch the engine's notifications back to next_imm().");
+
   cls.def(
          "next_imm",
          [](PyEngine& e, double timeout) {
@@ -427,7 +457,7 @@ void bind_engine(nb::module_& m) {
   bind_state(cls);
   bind_memory(cls);
   bind_peers(cls);
-  bind_notifications(cls);
+  bind_notifications(m, cls);
   bind_listings(cls);
 }
 

@@ -3,14 +3,9 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "bindings.hpp"
@@ -41,53 +36,19 @@ Status wait_for(const PyFuture& f, std::optional<double> timeout) {
 }
 
 // Completions handed to an asyncio event loop in batches (ferry/_aio.py): the Ferry thread that
-// completes a watched future only notes its token and, unless the loop was told already, writes
-// the eventfd the loop reads. No GIL on Ferry threads, one loop wake-up for many completions.
+// completes a watched future only queues its token (LoopQueue: no GIL, one wake-up for many).
 class Completions {
  public:
-  Completions() : state_(std::make_shared<State>()) {}
-  int fileno() const { return state_->fd; }
+  int fileno() const { return queue_->fileno(); }
   void watch(const PyFuture& f, uint64_t token) {
-    f.future.then([state = state_, token](const Status&) { state->complete(token); });
+    f.future.then([queue = queue_, token](const Status&) { queue->push(token); });
   }
   // The tokens of the futures completed since the last call, in completion order.
-  std::vector<uint64_t> drain() { return state_->take(); }
+  std::vector<uint64_t> drain() { return queue_->take(); }
 
  private:
   // Shared with the callbacks, so the eventfd outlives every future still watched.
-  struct State {
-    State() : fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-      if (fd < 0) throw Error(ErrorCode::kSystem, std::string("eventfd: ") + std::strerror(errno));
-    }
-    ~State() { ::close(fd); }
-    State(const State&) = delete;
-    State& operator=(const State&) = delete;
-
-    void complete(uint64_t token) {
-      std::lock_guard lock(mu);
-      done.push_back(token);
-      if (told) return;
-      told = true;
-      uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = ::write(fd, &one, sizeof one);
-    }
-    std::vector<uint64_t> take() {
-      // Read before taking the list: a completion in between is taken now, one after is told.
-      uint64_t count = 0;
-      [[maybe_unused]] ssize_t n = ::read(fd, &count, sizeof count);
-      std::lock_guard lock(mu);
-      std::vector<uint64_t> out(done.begin(), done.end());
-      done.clear();  // keeps its capacity: completing allocates nothing once warm
-      told = false;
-      return out;
-    }
-
-    const int fd;
-    std::mutex mu;
-    std::vector<uint64_t> done;
-    bool told = false;  // the eventfd was written since the last take()
-  };
-  std::shared_ptr<State> state_;
+  std::shared_ptr<LoopQueue<uint64_t>> queue_ = std::make_shared<LoopQueue<uint64_t>>();
 };
 
 // ferry._aio's entry points, looked up once: awaiting is on the hot path of asyncio programs.

@@ -186,3 +186,28 @@ def test_notifications_async_iterator_and_unread(pair):
         if (event := pair.target.next_imm(0.05)) is not None:
             rest.append(event.imm)
     assert sorted(got + [e.imm for e in notes.unread] + rest) == [0, 1, 2, 3, 4, 10]
+
+
+def test_notifications_that_come_after_their_loop_closed_wait_in_unread(pair):
+    region = pair.target.register(np.zeros(64, np.uint8), access=ferry.Access.REMOTE_WRITE)
+    local = pair.initiator.register(np.ones(64, np.uint8))
+    notes = pair.target.notifications()
+
+    async def first():
+        pair.peer.write_with_imm(local, region.descriptor(), 1, length=8)
+        async for event in notes:
+            return event.imm
+
+    assert asyncio.run(asyncio.wait_for(first(), WAIT)) == 1  # its loop closes, notes open
+    for imm in (2, 3, 4):
+        pair.peer.write_with_imm(local, region.descriptor(), imm, length=8).wait(WAIT)
+    deadline = time.monotonic() + WAIT
+    while len(notes.unread) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [e.imm for e in notes.unread] == [2, 3, 4]
+    assert pair.target.next_imm(0.05) is None  # still the iterator's until it is closed
+    asyncio.run(notes.close())
+    pair.peer.write_with_imm(local, region.descriptor(), 5, length=8).wait(WAIT)
+    event = pair.target.next_imm(WAIT)
+    assert event is not None and event.imm == 5
+    assert [e.imm for e in notes.unread] == [2, 3, 4]
