@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -197,6 +198,26 @@ TEST(Cli, Info) {
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
     EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
   }
+}
+
+// `ferry info --identity FILE` prints what an engine with that identity file is: what a peer
+// puts in its trusted_keys.
+TEST(Cli, InfoPrintsTheIdentityOfAnIdentityFile) {
+  ScratchPath key_file("cli-identity.pem");
+  std::string text;
+  ASSERT_EQ(run("info --identity " + key_file.str(), text), 0) << text;
+  Config c = test_config();
+  c.identity_file = key_file.str();  // the file the command created
+  Engine engine(c);
+  EXPECT_EQ(text, "engine id   " + std::to_string(engine.id()) + "\npublic key  " +
+                      engine.public_key() + "\n");
+  std::string json;
+  ASSERT_EQ(run("info --json --identity " + key_file.str(), json), 0) << json;
+  EXPECT_EQ(json, "{\"engine_id\":" + std::to_string(engine.id()) + ",\"public_key\":\"" +
+                      engine.public_key() + "\"}\n");
+  ASSERT_EQ(::chmod(key_file.str().c_str(), 0644), 0);
+  EXPECT_EQ(run("info --identity " + key_file.str(), text), 1) << text;
+  EXPECT_NE(text.find("accessible by group or others"), std::string::npos) << text;
 }
 
 // FERRY_TRANSPORTS reaches the command: info shows the order it sets, bench follows it unless

@@ -215,4 +215,21 @@ int run_info(bool json) {
   return 0;
 }
 
+int run_identity(const std::string& identity_file, bool json) {
+  Config config;
+  config.listen = false;
+  config.identity_file = identity_file;
+  config.transports = {TransportKind::kTcp};
+  config.transports_from_environment = false;
+  Engine engine(config);
+  if (json) {
+    std::cout << "{\"engine_id\":" << engine.id()
+              << ",\"public_key\":" << json_string(engine.public_key()) << "}" << std::endl;
+  } else {
+    std::cout << "engine id   " << engine.id() << "\npublic key  " << engine.public_key()
+              << std::endl;
+  }
+  return 0;
+}
+
 }  // namespace ferry::cli

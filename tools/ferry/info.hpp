@@ -22,6 +22,9 @@ struct InterfaceAddress {
 std::vector<InterfaceAddress> interface_addresses();
 
 int run_info(bool json);
+// `ferry info --identity FILE`: the engine id and public key an engine with that identity file
+// has (the file is created if missing, as the engine would).
+int run_identity(const std::string& identity_file, bool json);
 
 // `s` as a JSON string, quoted and escaped.
 std::string json_string(std::string_view s);

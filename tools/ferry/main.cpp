@@ -88,6 +88,10 @@ int run(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "Version, transports usable here and devices");
   bool info_json = false;
   info->add_flag("--json", info_json, "One JSON object: version, transports, interfaces");
+  std::string identity;
+  info->add_option("--identity", identity,
+                   "Print the engine id and public key of this identity file (an engine's "
+                   "Config::identity_file; created if missing) instead, for peers' trusted_keys");
 
   ferry::cli::EmulateOptions emulate;
   auto* em = app.add_subcommand(
@@ -116,6 +120,7 @@ int run(int argc, char** argv) {
   }
   const char* command = *info ? "info" : *em ? "emulate" : *st ? "stream" : *ga ? "gauge" : "bench";
   try {
+    if (*info && !identity.empty()) return ferry::cli::run_identity(identity, info_json);
     if (*info) return ferry::cli::run_info(info_json);
     if (*em) return ferry::cli::run_emulate(emulate);
     if (*st) return ferry::cli::run_stream(stream);
