@@ -33,6 +33,10 @@ bool out_of_descriptors_or_memory(int err) {
   return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
 }
 
+// Reads of 1 KiB a refused connection's unread bytes get before it closes (Listener::fail):
+// more than the largest CHANNEL_ADDRESSES (8 channels of 1 KiB addresses).
+constexpr int kUnreadDrained = 16;
+
 int milliseconds_until(Clock::time_point when, Clock::time_point now) {
   if (when <= now) return 0;
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
@@ -423,6 +427,13 @@ void Listener::fail(Handshake& h, const Status& why) {
   if (reply) {
     auto frame = engine::encode(engine::ErrorMsg{why.code(), why.message()});
     (void)::send(sock, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    // A socket closed with bytes unread is reset, and over a network a reset can overtake the
+    // refusal. The client sends its CHANNEL_ADDRESSES right behind AUTH, unasked: a refusal at
+    // AUTH finds them here. So the refusal ends the stream (FIN) and what came is read away.
+    (void)::shutdown(sock, SHUT_WR);
+    char unread[1024];
+    for (int i = 0; i<kUnreadDrained&& ::recv(sock, unread, sizeof unread, MSG_DONTWAIT)> 0; ++i) {
+    }
   }
   if (created) created->close(why);
 }
