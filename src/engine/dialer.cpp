@@ -246,9 +246,8 @@ Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int 
   if (!s.ok()) fail(s);
   engine::HelloAck ack;
   if (s = engine::decode(body_of(control), ack); !s.ok()) fail(s);
-  const engine::Identity us{identity_key.public_key(), incarnation, locality},
-      them{ack.key, ack.incarnation, ack.locality};
-  const engine::Transcript t{hello.nonce, ack.nonce, us, them, hello.transports, ack.channels};
+  const engine::Transcript t = engine::transcript_of(hello, ack);
+  const engine::Identity& them = t.server;
   if (!engine::transcript_signed(true, t, ack.signature)) {
     fail({ErrorCode::kAuthFailed,
           "peer did not prove its identity key (engine " + std::to_string(them.engine_id()) + ")"});

@@ -305,6 +305,15 @@ uint64_t engine_id_of(const core::PublicKey& key) {
   return id != 0 ? id : 1;  // 0 means "no engine" in descriptors and events
 }
 
+Transcript transcript_of(const Hello& hello, const HelloAck& ack) {
+  return {hello.nonce,
+          ack.nonce,
+          {hello.key, hello.incarnation, hello.locality},
+          {ack.key, ack.incarnation, ack.locality},
+          hello.transports,
+          ack.channels};
+}
+
 core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t) {
   return core::hmac_sha256(secret,
                            transcript_bytes(server ? "ferry-server-v5" : "ferry-client-v5", t));

@@ -146,6 +146,8 @@ struct Transcript {
   std::span<const TransportKind> offered;
   std::span<const TransportKind> chosen;
 };
+// The transcript of a handshake whose HELLO was `hello` and HELLO_ACK `ack` (it refers to both).
+Transcript transcript_of(const Hello& hello, const HelloAck& ack);
 core::Mac auth_mac(std::string_view secret, bool server, const Transcript& t);
 core::Signature sign_transcript(const core::SigningKey& key, bool server, const Transcript& t);
 // Whether `signature` is the server's (or the client's) own over `t`: made with the key `t` names.

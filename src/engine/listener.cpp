@@ -298,7 +298,7 @@ Status Listener::on_hello(Handshake& h, std::span<const uint8_t> body) {
   if (Status s = engine_.check_trusted(h.hello.key); !s.ok()) return s;
   core::random_bytes(ack.nonce);
   core::random_bytes(ack.token);
-  const engine::Transcript t = transcript(h);
+  const engine::Transcript t = engine::transcript_of(h.hello, h.ack);
   ack.signature = engine::sign_transcript(engine_.signing_key(), true, t);
   if (!config.secret.empty()) ack.mac = engine::auth_mac(config.secret, true, t);
   if (Status s = queue(h, engine::encode(ack)); !s.ok()) return s;
@@ -310,7 +310,7 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   const Config& config = engine_.settings();
   engine::Auth auth;
   if (Status s = engine::decode(body, auth); !s.ok()) return s;
-  const engine::Transcript t = transcript(h);
+  const engine::Transcript t = engine::transcript_of(h.hello, h.ack);
   if (!engine::transcript_signed(false, t, auth.signature)) {
     return {ErrorCode::kAuthFailed, "the client did not prove its identity key (engine " +
                                         std::to_string(h.hello.engine_id()) + ")"};
@@ -321,12 +321,6 @@ Status Listener::on_auth(Handshake& h, std::span<const uint8_t> body) {
   }
   if (Status s = engine_.check_admission(h.hello, h.source); !s.ok()) return s;
   return admit_peer(h);  // no answer: the client's CHANNEL_ADDRESSES follow at once
-}
-
-engine::Transcript Listener::transcript(const Handshake& h) const {
-  return {
-      h.hello.nonce,      h.ack.nonce,        {h.hello.key, h.hello.incarnation, h.hello.locality},
-      engine_.identity(), h.hello.transports, h.ack.channels};
 }
 
 Status Listener::admit_peer(Handshake& h) {

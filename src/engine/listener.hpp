@@ -100,8 +100,6 @@ class Listener {
   Status on_auth(Handshake& h, std::span<const uint8_t> body);
   Status on_addresses(Handshake& h, std::span<const uint8_t> body);
   Status on_join(Handshake& h, std::span<const uint8_t> body);
-  // What the MACs cover (engine::auth_mac).
-  engine::Transcript transcript(const Handshake& h) const;
   // The client is who it says: create its peer and channels, then exchange their addresses.
   Status admit_peer(Handshake& h);
   // Queues bytes and sends what the socket takes now.

@@ -97,12 +97,7 @@ struct RawIdentity {
   engine::Hello hello = hello_from(key.public_key());
   // AUTH for the server's answer `ack`, with a MAC of `secret` when one is given.
   std::vector<uint8_t> auth(const engine::HelloAck& ack, const std::string& secret = {}) const {
-    const engine::Transcript t{hello.nonce,
-                               ack.nonce,
-                               {hello.key, hello.incarnation, hello.locality},
-                               {ack.key, ack.incarnation, ack.locality},
-                               hello.transports,
-                               ack.channels};
+    const engine::Transcript t = engine::transcript_of(hello, ack);
     engine::Auth a{engine::sign_transcript(key, false, t), std::nullopt};
     if (!secret.empty()) a.mac = engine::auth_mac(secret, false, t);
     return engine::encode(a);
@@ -117,13 +112,7 @@ inline engine::HelloAck signed_hello_ack(const core::SigningKey& key, const engi
   ack.incarnation = 1;
   ack.channels = std::move(channels);
   core::random_bytes(ack.nonce);
-  const engine::Transcript t{hello.nonce,
-                             ack.nonce,
-                             {hello.key, hello.incarnation, hello.locality},
-                             {ack.key, ack.incarnation, ack.locality},
-                             hello.transports,
-                             ack.channels};
-  ack.signature = engine::sign_transcript(key, true, t);
+  ack.signature = engine::sign_transcript(key, true, engine::transcript_of(hello, ack));
   return ack;
 }
 
