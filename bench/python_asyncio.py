@@ -26,24 +26,11 @@ import time
 import numpy as np
 
 import ferry
+from python_overhead import p50, target
 
 SMALL_ITERS, WARMUP = 5_000, 500
 IN_FLIGHT, BATCHES = 1_000, 20
 ROUNDS = 5
-
-
-def target(conn, transport: str) -> None:
-    with ferry.Engine(transports=[transport]) as engine:
-        region = engine.register(np.zeros(IN_FLIGHT * 8, np.uint8),
-                                 access=ferry.Access.REMOTE_WRITE)
-        conn.send((engine.address, region.descriptor()))
-        peer = engine.accept(60)
-        while peer is not None and peer.connected:
-            time.sleep(0.01)
-
-
-def p50(samples: list[float]) -> float:
-    return sorted(samples)[len(samples) // 2]
 
 
 def python_side(transport: str) -> tuple[float, float, float, float, float]:
@@ -51,7 +38,8 @@ def python_side(transport: str) -> tuple[float, float, float, float, float]:
     awaited each, awaited each in its own task."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=target, args=(theirs, transport))
+    child = ctx.Process(target=target, args=(theirs, IN_FLIGHT * 8),
+                        kwargs={"transports": [transport]})
     child.start()
     address, blob = ours.recv()
     try:

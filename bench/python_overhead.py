@@ -32,9 +32,11 @@ SMALL_ITERS, BATCH_ITERS = 10_000, 100
 ROUNDS = 5
 
 
-def target(conn) -> None:
-    with ferry.Engine() as engine:
-        buf = np.zeros(ENTRIES * ENTRY_BYTES * 2, dtype=np.uint8)
+def target(conn, length: int = ENTRIES * ENTRY_BYTES * 2, **options) -> None:
+    """A target process: an engine (`options` as Engine() takes them) with a region of `length`
+    bytes others may read and write; sends its address and descriptor, serves one peer."""
+    with ferry.Engine(**options) as engine:
+        buf = np.zeros(length, dtype=np.uint8)
         region = engine.register(buf, access=ferry.Access.REMOTE_READ_WRITE)
         conn.send((engine.address, region.descriptor()))
         peer = engine.accept(60)
