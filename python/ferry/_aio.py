@@ -3,9 +3,8 @@
 Awaited futures are watched by one ``_ferry.Completions`` per event loop, and notifications
 queue in a ``_ferry.Notifier``: a Ferry thread notes a completion or a notification there without
 taking the GIL, and the loop, woken once through an eventfd for however many came meanwhile,
-takes them all. No Python code polls; a loop that has
-nothing else to run spins up to the engine's ``wait_spin`` (50 us by default, 0: never) before
-it sleeps, as ``Future.wait()`` does.
+takes them all. No Python code polls; a loop that has nothing else to run spins up to the
+engine's ``wait_spin`` (50 us by default, 0: never) before it sleeps, as ``Future.wait()`` does.
 """
 
 from __future__ import annotations
