@@ -417,8 +417,8 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   EXPECT_EQ(std::count(allocated.begin(), allocated.end(), '\n'), 8) << allocated;
   EXPECT_EQ(allocated.find("\"verified\":false"), std::string::npos) << allocated;
   // Mid-size writes pulled with process_vm_readv instead of riding in the rings, and writes and
-  // messages streaming through the rings with nobody polling for their next piece (messages
-  // above 2 MiB are pulled): still byte-exact.
+  // messages streaming through the rings with nobody polling for their next piece or request
+  // (messages above 2 MiB are pulled): still byte-exact.
   std::string pulled;
   ASSERT_EQ(
       run("bench --shm.ring_copies_up_to 0 --op write,write_imm,send --sizes 3000007 --iters 3 "
@@ -427,7 +427,8 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
       0)
       << pulled;
   std::string unpolled;
-  ASSERT_EQ(run("bench --shm.stream_poll 0 --op write,send --sizes 1000003,3000007 --iters 3 "
+  ASSERT_EQ(run("bench --shm.stream_poll 0 --shm.request_poll 0 --op write,send "
+                "--sizes 1000003,3000007 --iters 3 "
                 "--concurrency 2 --json",
                 unpolled),
             0)

@@ -367,20 +367,27 @@ TEST(EngineRoutes, TheEnvironmentOrdersAndRestrictsTheTransports) {
 TEST(EngineRoutes, SameHostSettingsOutOfRangeAreRefused) {
   Config c = test_config();
   c.transports = {TransportKind::kShm, TransportKind::kTcp};
-  for (Duration bad : {Duration(-1), Duration(std::chrono::seconds(2))}) {
-    Config wrong = c;
-    wrong.shm.stream_poll = bad;
-    try {
-      Engine e(wrong);
-      ADD_FAILURE() << "stream_poll " << bad.count() << " ns was taken";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      EXPECT_TRUE(contains(e.what(), "config: shm.stream_poll must be 0..1s (is ")) << e.what();
+  struct Poll {
+    Duration ShmConfig::*field;
+    std::string name;
+  };
+  for (const Poll& poll : {Poll{&ShmConfig::stream_poll, "shm.stream_poll"},
+                           Poll{&ShmConfig::request_poll, "shm.request_poll"}}) {
+    for (Duration bad : {Duration(-1), Duration(std::chrono::seconds(2))}) {
+      Config wrong = c;
+      wrong.shm.*poll.field = bad;
+      try {
+        Engine e(wrong);
+        ADD_FAILURE() << poll.name << " " << bad.count() << " ns was taken";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+        EXPECT_TRUE(contains(e.what(), "config: " + poll.name + " must be 0..1s (is ")) << e.what();
+      }
     }
+    Config off = c;
+    off.shm.*poll.field = Duration::zero();
+    EXPECT_NO_THROW(Engine{off});
   }
-  Config off = c;
-  off.shm.stream_poll = Duration::zero();
-  EXPECT_NO_THROW(Engine{off});
 }
 
 }  // namespace

@@ -45,6 +45,11 @@ const Setting kSettings[] = {
          "how long the progress thread keeps polling the rings while a transfer streams through "
          "them (docs/performance.md)",
          0, shm::kMaxStreamPoll.count()}),
+    bound<&Config::shm, &ShmConfig::request_poll>(
+        {"request_poll", SettingType::kDuration,
+         "how long the progress thread keeps polling the rings for the next request after one "
+         "(docs/performance.md, \"Same-host small operations\")",
+         0, shm::kMaxStreamPoll.count()}),
 };
 
 TransportInfo describe() {

@@ -60,6 +60,7 @@ ShmChannel::ShmChannel(ChannelArgs args, std::shared_ptr<CopyPool> pool,
       ring_copies_up_to_(config.ring_copies_up_to),
       measure_paths_(config.measure_paths),
       stream_poll_(config.stream_poll),
+      request_poll_(config.request_poll),
       answers_(2 * kRequestsInFlight),
       controls_(kControlRecords) {}
 

@@ -71,8 +71,8 @@ constexpr int kRecordsPerWake = 64;
 // peer flooding large writes leaves other peers' small ones a turn after at most this much
 // copying plus one record's (kPullRecordBytes).
 constexpr std::size_t kPullBytesPerWake = 1 << 20;
-// ShmConfig::stream_poll's ceiling: a progress thread that polls longer after each piece is a
-// busy-polling one (Config::busy_poll says so instead).
+// ShmConfig::stream_poll's and request_poll's ceiling: a progress thread that polls longer
+// after each piece or request is a busy-polling one (Config::busy_poll says so instead).
 constexpr std::chrono::nanoseconds kMaxStreamPoll = std::chrono::seconds(1);
 // Bytes of a write's large slices one record asks the target to pull: one process_vm_readv,
 // split over the copy threads. Against one process_vm_readv stream, 64 MiB writes fell behind in
@@ -304,7 +304,8 @@ class ShmChannel final : public Channel,
   // each learns its own rates.
   PathChooser write_paths_;
   PathChooser message_paths_;
-  const std::chrono::nanoseconds stream_poll_;  // ShmConfig::stream_poll
+  const std::chrono::nanoseconds stream_poll_;   // ShmConfig::stream_poll
+  const std::chrono::nanoseconds request_poll_;  // ShmConfig::request_poll
 
   std::atomic<bool> started_{false};        // in the reactor (set under latch_.lock())
   std::atomic<bool> stopped_{false};        // set with the polling right held

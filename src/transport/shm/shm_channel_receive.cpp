@@ -115,9 +115,12 @@ Status ShmChannel::consume(bool budget, bool& more) {
       if (s.ok()) s = on_map(v, std::move(file));
     } else if (s.ok()) {
       s = handle(v, pulled);
-      // A full piece is most likely one of many: the next is polled for, not waited for.
+      // A full piece is most likely one of many, and a request most likely followed by
+      // another: the next is polled for, not waited for.
       if (s.ok() && v.payload.size() >= kInlineBytes / 2) {
         host_.reactor().keep_polling(loop_, stream_poll_);
+      } else if (s.ok() && is_request(v.header.type)) {
+        host_.reactor().keep_polling(loop_, request_poll_);
       }
     }
     inbound_.release();
