@@ -100,6 +100,35 @@ void Reactor::keep_polling(int loop, std::chrono::nanoseconds period) {
   if (until.load(std::memory_order_relaxed) < end) until.store(end, std::memory_order_relaxed);
 }
 
+bool RequestPolling::start(int64_t now_ns, int64_t period_ns) {
+  int64_t until = until_.load(std::memory_order_relaxed);
+  if (until != 0 && now_ns <= until) {
+    misses_.store(0, std::memory_order_relaxed);
+  } else if (until != 0) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (misses_.load(std::memory_order_relaxed) >= kMisses) {
+    if (skipped_.fetch_add(1, std::memory_order_relaxed) + 1 < kRetry) {
+      until_.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    // One more try: a window that sees its next request starts polling again, one that does
+    // not stops it at once.
+    skipped_.store(0, std::memory_order_relaxed);
+    misses_.store(kMisses - 1, std::memory_order_relaxed);
+  }
+  until_.store(now_ns + period_ns, std::memory_order_relaxed);
+  return true;
+}
+
+void Reactor::poll_for_requests(int loop, std::chrono::nanoseconds period) {
+  if (period <= std::chrono::nanoseconds::zero()) return;
+  int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (loops_[static_cast<std::size_t>(loop)]->request_polling.start(now, period.count())) {
+    keep_polling(loop, period);
+  }
+}
+
 void Reactor::add_poller(int loop, Poller* poller) {
   Loop& l = *loops_[static_cast<std::size_t>(loop)];
   l.pollers.push_back(poller);

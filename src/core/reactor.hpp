@@ -19,6 +19,27 @@
 
 namespace ferry::core {
 
+// Whether a loop polls for the next request after serving one (Reactor::poll_for_requests):
+// yes while requests come within the window; no once kMisses windows in a row ended before
+// their next request (requests further apart: a ping-pong whose peer answers later, sparse
+// traffic), where polling only takes CPU from the threads with work; then one request in
+// kRetry tries again. Ping-pong over TCP on a 2-core VM, both applications spinning too, took
+// 25-30 us p50 without polling, 50-62 us polling after every request, 29-41 us with these
+// (docs/performance.md, "Small operations and wake-ups"). Any thread; relaxed atomics: racing
+// callers may miscount a window, which only delays the switch.
+class RequestPolling {
+ public:
+  static constexpr int kMisses = 16;
+  static constexpr int kRetry = 16;
+  // A request was served at `now_ns`: true when the loop should poll until now_ns + period_ns.
+  bool start(int64_t now_ns, int64_t period_ns);
+
+ private:
+  std::atomic<int64_t> until_{0};  // the end of the last window (0: none)
+  std::atomic<int> misses_{0};     // windows in a row that ended before the next request
+  std::atomic<int> skipped_{0};    // requests served without polling since
+};
+
 class Reactor {
  public:
   class Handler {
@@ -68,6 +89,9 @@ class Reactor {
   // polling for at least `period` from now before it sleeps, whatever busy_poll. A sleeping
   // loop takes it up when next woken.
   void keep_polling(int loop, std::chrono::nanoseconds period);
+  // Any thread: a request was served; keep polling for `period` for the next one while
+  // RequestPolling says so. 0 does nothing.
+  void poll_for_requests(int loop, std::chrono::nanoseconds period);
   // Runs `task` on the loop's thread.
   void post(int loop, std::function<void()> task);
   // Called on the loop's thread after remove(): keeps `handler_owner` alive until the events
@@ -84,6 +108,7 @@ class Reactor {
     std::vector<Poller*> pollers;                // touched only by the loop's thread
     bool polling = false;                        // between begin_ and end_polling
     std::atomic<int64_t> polling_until{0};       // keep_polling's, steady clock nanoseconds
+    RequestPolling request_polling;
     std::thread thread;
     std::thread::id id;
   };

@@ -128,5 +128,45 @@ TEST(ReactorPollers, RemovingAPollerWhileTheLoopPollsEndsItsPolling) {
   r.stop();
 }
 
+// Polling for the next request: on while each request comes within the last window, off after
+// RequestPolling::kMisses windows in a row ended first, tried again once every kRetry requests
+// (a try that sees its next request in time turns it on, one that does not turns it off again).
+// Times are given, not read: nothing here depends on the machine's speed.
+TEST(RequestPolling, FollowsWhetherRequestsComeWithinTheWindow) {
+  constexpr int64_t kWindow = 20'000;
+  RequestPolling p;
+  int64_t t = 1'000'000;
+  EXPECT_TRUE(p.start(t, kWindow));  // the first request: nothing learned yet
+  for (int i = 0; i < 100; ++i) {    // each within the last window
+    t += kWindow / 2;
+    EXPECT_TRUE(p.start(t, kWindow)) << i;
+  }
+  // Requests further apart than the window: polling goes on until kMisses windows ended first.
+  for (int i = 1; i < RequestPolling::kMisses; ++i) {
+    t += 3 * kWindow;
+    EXPECT_TRUE(p.start(t, kWindow)) << i;
+  }
+  t += 3 * kWindow;
+  EXPECT_FALSE(p.start(t, kWindow));
+  auto skip_until_retry = [&] {
+    for (int i = 2; i < RequestPolling::kRetry; ++i) {
+      t += 3 * kWindow;
+      EXPECT_FALSE(p.start(t, kWindow)) << i;
+    }
+    t += 3 * kWindow;
+    EXPECT_TRUE(p.start(t, kWindow));  // the retry
+  };
+  skip_until_retry();
+  t += 3 * kWindow;  // the retry's window ended first: off again at once
+  EXPECT_FALSE(p.start(t, kWindow));
+  skip_until_retry();
+  t += kWindow / 2;  // the retry's window saw its request: on again, and it stays on
+  EXPECT_TRUE(p.start(t, kWindow));
+  for (int i = 1; i < RequestPolling::kMisses; ++i) {
+    t += 3 * kWindow;
+    EXPECT_TRUE(p.start(t, kWindow)) << i;
+  }
+}
+
 }  // namespace
 }  // namespace ferry::core

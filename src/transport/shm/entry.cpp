@@ -48,7 +48,7 @@ const Setting kSettings[] = {
     bound<&Config::shm, &ShmConfig::request_poll>(
         {"request_poll", SettingType::kDuration,
          "how long the progress thread keeps polling the rings for the next request after one "
-         "(docs/performance.md, \"Same-host small operations\")",
+         "(docs/performance.md, \"Small operations and wake-ups\")",
          0, shm::kMaxStreamPoll.count()}),
 };
 

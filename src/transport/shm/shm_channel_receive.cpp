@@ -120,7 +120,7 @@ Status ShmChannel::consume(bool budget, bool& more) {
       if (s.ok() && v.payload.size() >= kInlineBytes / 2) {
         host_.reactor().keep_polling(loop_, stream_poll_);
       } else if (s.ok() && is_request(v.header.type)) {
-        host_.reactor().keep_polling(loop_, request_poll_);
+        host_.reactor().poll_for_requests(loop_, request_poll_);
       }
     }
     inbound_.release();

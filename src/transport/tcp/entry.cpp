@@ -11,6 +11,7 @@ tcp::TcpOptions options_of(const Config& config) {
   o.streams = config.tcp.streams;
   o.slices_in_flight_per_stream = config.tcp.slices_in_flight_per_stream;
   o.eager_bytes = config.tcp.eager_bytes;
+  o.request_poll = config.tcp.request_poll;
   return o;
 }
 
@@ -21,6 +22,9 @@ std::unique_ptr<Transport> open(const Config& config, std::string&) {
 
 // The most bytes one eager message or announcement may name: a frame's length is 32 bits.
 constexpr int64_t kMaxEagerBytes = int64_t{1} << 32;
+// TcpConfig::request_poll's ceiling: a progress thread that polls longer after each request is
+// a busy-polling one (Config::busy_poll says so instead).
+constexpr std::chrono::nanoseconds kMaxRequestPoll = std::chrono::seconds(1);
 // Credits per socket: each unacknowledged slice holds a queued answer at the target.
 constexpr int64_t kMaxSlicesInFlight = 1 << 16;
 
@@ -39,6 +43,11 @@ const Setting kSettings[] = {
          "a send() above this is announced and sent once the receiver's receive takes it; "
          "smaller ones go at once (docs/performance.md)",
          0, kMaxEagerBytes}),
+    bound<&Config::tcp, &TcpConfig::request_poll>(
+        {"request_poll", SettingType::kDuration,
+         "how long the progress thread keeps polling the sockets for the next request after "
+         "small ones (docs/performance.md, \"Small operations and wake-ups\")",
+         0, kMaxRequestPoll.count()}),
 };
 
 TransportInfo describe() {

@@ -29,7 +29,15 @@ struct TcpOptions {
   int slices_in_flight_per_stream = 64;
   // Messages above this are announced and sent once a receive takes them (Config).
   std::size_t eager_bytes = 1 << 20;
+  // After serving small requests, the progress thread polls this long for more (Config).
+  std::chrono::nanoseconds request_poll = std::chrono::microseconds(20);
 };
+
+// A wake-up that received at most this many bytes and served requests was small operations:
+// only those start TcpOptions::request_poll. Above it, with 64 KiB and 1 MiB writes, the
+// polling thread took CPU from the threads moving the bytes on a 2-core VM (docs/performance.md,
+// "Small operations and wake-ups").
+constexpr std::size_t kRequestPollWakeBytes = 16 << 10;
 
 class TcpChannel final : public Channel, public std::enable_shared_from_this<TcpChannel> {
  public:

@@ -714,6 +714,11 @@ void TcpChannel::Stream::on_event(uint32_t events) {
     if (would_block) break;
   }
   if (st.ok() && need_flush) {
+    // Requests served (answers owed), or queued operations given credits: after small ones
+    // the next is polled for.
+    if (wake_bytes <= kRequestPollWakeBytes) {
+      ch.host_.reactor().poll_for_requests(loop, ch.options_.request_poll);
+    }
     need_flush = false;
     std::lock_guard lock(send_mu);
     st = flush_locked();
