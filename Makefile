@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: bench-python test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: bench-python bench-engines test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package test-python test-browser tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
-	@echo "all test suites passed (layers, release, packaging, python, browser, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
-	@echo "suites: 13 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python test-engines test-browser tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, engines side by side, browser, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
+	@echo "suites: 14 passed, 0 failed"
 
 # The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
 # depend on timing (run this before resolving anything that touches threads or timeouts).
@@ -151,6 +151,18 @@ test-browser: deps-test
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/test-python-asan.sh
+
+# Ferry beside NIXL and Mooncake (PyPI wheels in build/venv-peers), interleaved, three rounds,
+# ratios printed (bench/compare_engines.sh; docs/performance.md, "Against other engines").
+bench-engines: build
+	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q .
+	bash bench/compare_engines.sh
+
+# The same in its fast mode (one shape, one round), after test-python installed the package: the
+# script and every driver still work; a peer that cannot be installed is reported as skipped.
+test-engines: test-python
+	bash bench/compare_engines.sh --fast
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python
