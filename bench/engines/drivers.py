@@ -2,8 +2,9 @@
 
 Every driver has the same two sides:
 
-    Target(transport, nbytes)        memory peers may read and write; .contact() is what an
-                                     initiator needs (JSON-able); .close()
+    Target(transport, nbytes)        memory peers may read and write (.memory, a NumPy uint8
+                                     array); .contact() is what an initiator needs
+                                     (JSON-able); .close()
     Initiator(transport, contact, nbytes)
         .memory: the local buffer as a NumPy uint8 array
         .prepare(op, local_offsets, remote_offsets, length, alone) -> a repeatable operation
@@ -21,6 +22,7 @@ in its own interpreter (compare_engines.py).
 from __future__ import annotations
 
 import base64
+import mmap
 import os
 import time
 from typing import Any
@@ -28,6 +30,16 @@ from typing import Any
 import numpy as np
 
 WAIT_TIMEOUT_S = 60
+
+
+def host_buffer(nbytes: int) -> np.ndarray:
+    """The memory every engine registers: anonymous, with transparent huge pages asked for
+    (madvise), whatever NumPy does. NumPy 2 asks for them itself and Debian's 1.24 did not get
+    them here, and a copy between processes (process_vm_readv/writev) walks huge pages much
+    faster: 1 MiB moved in 47 us with them and 79 us without, on the same VM."""
+    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    area.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(area, dtype=np.uint8)
 
 
 def _b64(blob: bytes) -> str:
@@ -52,8 +64,10 @@ class FerryTarget:
         access = ferry.Access.REMOTE_READ_WRITE
         if self.ALLOCATE:
             self.region = self.engine.allocate(nbytes, access=access)
+            self.memory = self.region.obj
         else:
-            self.region = self.engine.register(np.zeros(nbytes, dtype=np.uint8), access=access)
+            self.memory = host_buffer(nbytes)
+            self.region = self.engine.register(self.memory, access=access)
 
     def contact(self) -> dict[str, Any]:
         return {"address": self.engine.address, "descriptor": _b64(self.region.descriptor())}
@@ -74,7 +88,7 @@ class FerryInitiator:
             self.local = self.engine.allocate(nbytes)
             self.memory = self.local.obj
         else:
-            self.memory = np.zeros(nbytes, dtype=np.uint8)
+            self.memory = host_buffer(nbytes)
             self.local = self.engine.register(self.memory)
         self.remote = ferry.Descriptor(_unb64(contact["descriptor"]))
 
@@ -131,7 +145,7 @@ class NixlTarget:
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
         self.agent = nixl_agent("target", nixl_agent_config(backends=["UCX"]))
-        self.buf = np.zeros(nbytes, dtype=np.uint8)
+        self.buf = self.memory = host_buffer(nbytes)
         self.agent.register_memory([(self.buf.ctypes.data, nbytes, 0, "")], "DRAM")
 
     def contact(self) -> dict[str, Any]:
@@ -149,7 +163,7 @@ class NixlInitiator:
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
         self.agent = nixl_agent("initiator", nixl_agent_config(backends=["UCX"]))
-        self.buf = self.memory = np.zeros(nbytes, dtype=np.uint8)
+        self.buf = self.memory = host_buffer(nbytes)
         self.agent.register_memory([(self.buf.ctypes.data, nbytes, 0, "")], "DRAM")
         self.remote_name = self.agent.add_remote_agent(_unb64(contact["metadata"]))
         self.remote_base = int(contact["base"])
@@ -197,7 +211,7 @@ class MooncakeTarget:
 
         self.engine = TransferEngine()
         _mooncake_check("initialize", self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""))
-        self.buf = np.zeros(nbytes, dtype=np.uint8)
+        self.buf = self.memory = host_buffer(nbytes)
         _mooncake_check("register_memory", self.engine.register_memory(self.buf.ctypes.data, nbytes))
 
     def contact(self) -> dict[str, Any]:
@@ -216,7 +230,7 @@ class MooncakeInitiator:
 
         self.engine = TransferEngine()
         _mooncake_check("initialize", self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""))
-        self.buf = self.memory = np.zeros(nbytes, dtype=np.uint8)
+        self.buf = self.memory = host_buffer(nbytes)
         _mooncake_check("register_memory", self.engine.register_memory(self.buf.ctypes.data, nbytes))
         self.target = contact["target"]
         self.remote_base = int(contact["base"])
