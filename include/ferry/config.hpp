@@ -115,8 +115,8 @@ struct ShmConfig {
   // rings this long for the next before it sleeps: one operation after another, each request
   // then finds the target awake instead of waking it through its bell (an eventfd and an
   // epoll wake-up, most of a small operation's latency). On a 2-core VM an 8-byte write, one at
-  // a time, took 11.3 us p50 with 0 and 0.6 us with 20 us (docs/performance.md, "Same-host
-  // small operations"); idle, nothing polls. The cost: after its last request a target polls at
+  // a time, took 11.3 us p50 with 0 and 0.6 us with 20 us (docs/performance.md, "Small
+  // operations and wake-ups"); idle, nothing polls. The cost: after its last request a target polls at
   // most this long, and it stops polling by itself while requests come further apart
   // (core::RequestPolling). 0 turns it off; at most 1 s.
   Duration request_poll = std::chrono::microseconds(20);

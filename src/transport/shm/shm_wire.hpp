@@ -50,12 +50,12 @@ enum class Record : uint8_t {
                    // evicted, or given back)
 };
 
-// Header flags.
 // Records a target serves and answers: what an initiator posts, one operation after another.
 constexpr bool is_request(Record type) {
   return type == Record::kWrite || type == Record::kRead || type == Record::kSend;
 }
 
+// Header flags.
 constexpr uint8_t kFlagInline = 1;    // the bytes travel in the record
 constexpr uint8_t kFlagImm = 2;       // a write's last record: deliver `imm` once it landed
 constexpr uint8_t kFlagWritable = 4;  // kMap: the peer may map the file writable
