@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: bench-python bench-engines test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: bench-python bench-engines bench-lookup test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -163,6 +163,11 @@ bench-engines: build
 # script and every driver still work; a peer that cannot be installed is reported as skipped.
 test-engines: test-python
 	bash bench/compare_engines.sh --fast
+
+# Discovery: resolve, region_named and connect_named through an etcd of its own beside a direct
+# connect, p50 and p99 (bench/compare_lookup.sh; docs/discovery.md, "Lookup latency").
+bench-lookup: deps-test build
+	bash bench/compare_lookup.sh
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python

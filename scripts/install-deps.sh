@@ -10,6 +10,7 @@ set -euo pipefail
 
 build=(build-essential cmake ninja-build pkg-config
        libssl-dev                       # HMAC-SHA256 for the handshake
+       nlohmann-json3-dev               # etcd's JSON (discovery), header-only
        libibverbs-dev)                  # verbs headers (libibverbs itself is loaded at run time)
 tools=(libcli11-dev
        libcpp-httplib-dev)              # the live gauge's HTTP server
@@ -17,7 +18,8 @@ guest=(qemu-system-x86 busybox-static cpio xz-utils zstd   # qemu guest + initra
        ibverbs-providers ibverbs-utils perftest iproute2)  # rxe provider, ibv_devinfo, perftest
 test=(libgtest-dev libgmock-dev
       clang libclang-rt-14-dev clang-tidy  # libFuzzer target, clang-tidy
-      binutils)                                            # readelf/nm for the package test
+      binutils                                             # readelf/nm for the package test
+      etcd-server)                                         # discovery's tests run a real etcd
 # The live gauge's page in a real browser (tests/browser, driven by Selenium from PyPI).
 browser=(chromium chromium-driver)
 bench=(iperf3 ucx-utils)

@@ -116,8 +116,8 @@ struct ShmConfig {
   // then finds the target awake instead of waking it through its bell (an eventfd and an
   // epoll wake-up, most of a small operation's latency). On a 2-core VM an 8-byte write, one at
   // a time, took 11.3 us p50 with 0 and 0.6 us with 20 us (docs/performance.md, "Small
-  // operations and wake-ups"); idle, nothing polls. The cost: after its last request a target polls at
-  // most this long, and it stops polling by itself while requests come further apart
+  // operations and wake-ups"); idle, nothing polls. The cost: after its last request a target polls
+  // at most this long, and it stops polling by itself while requests come further apart
   // (core::RequestPolling). 0 turns it off; at most 1 s.
   Duration request_poll = std::chrono::microseconds(20);
 };
@@ -152,7 +152,8 @@ struct Config {
   // Engine::settings lists them all, with their ranges and help.
   std::vector<std::pair<std::string, std::string>> transport_settings{};
   // Whether FERRY_<TRANSPORT>_<NAME> environment variables (FERRY_TCP_STREAMS=4) override the
-  // settings they name (see Engine::with_environment).
+  // settings they name, and FERRY_ETCD / FERRY_ETCD_PREFIX etcd and etcd_prefix (see
+  // Engine::with_environment).
   bool settings_from_environment = true;
   // Threads that drive sockets and completions.
   int progress_threads = 1;
@@ -168,6 +169,22 @@ struct Config {
   // are admitted, and connect() refuses a listener whose key is not: pinning, on top of or
   // instead of `secret`.
   std::vector<std::string> trusted_keys{};
+
+  // Discovery through etcd (docs/discovery.md). Its client URLs, "http://host:2379" (several
+  // comma-separated, tried in turn): where Engine::publish, Region::publish, Engine::resolve,
+  // Engine::connect_named, Engine::watch and Peer::region_named keep and find names. Empty: they
+  // fail with kUnsupported, and nothing else needs it (direct addresses are the default). The
+  // FERRY_ETCD environment variable sets it, FERRY_ETCD_PREFIX the prefix (with_environment).
+  std::string etcd{};
+  // Every key this engine writes or reads in etcd starts with it: clusters sharing one etcd
+  // keep apart by their prefixes.
+  std::string etcd_prefix = "ferry/";
+  // The lease of everything the engine publishes, renewed every third of it: an engine that dies
+  // without shutdown() leaves the directory within this (shutdown() removes its entries at
+  // once). Whole seconds, 2 s to 1 h.
+  Duration etcd_ttl = std::chrono::seconds(10);
+  // Each request to etcd (a lookup, a publication, a renewal) gives up after this.
+  Duration etcd_timeout = std::chrono::seconds(3);
 
   // Speed settings; docs/performance.md has the measurements behind each default.
   // Large transfers are cut into slices of this size: 1-4 MiB moved as much, 256 KiB less

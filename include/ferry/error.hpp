@@ -33,7 +33,11 @@ enum class ErrorCode : uint16_t {
   kConnectFailed,      // the peer could not be reached
   kSystem,             // a system call failed
   kUnsupported,        // the transport or feature is not available
+  kNotFound,           // no entry under that name in the directory (Config::etcd)
+  kAlreadyExists,      // the name is held by another engine
 };
+// The last code: frames carrying a larger one are malformed.
+inline constexpr ErrorCode kLastErrorCode = ErrorCode::kAlreadyExists;
 
 // Stable lower-case name of a code ("out_of_bounds").
 FERRY_API const char* to_string(ErrorCode code) noexcept;

@@ -37,6 +37,7 @@ struct RegionRecord;
 class EngineImpl;
 class PeerImpl;
 struct PreparedImpl;
+struct WatchState;
 }  // namespace detail
 
 // A serializable description of a registered region: what a peer needs to access it.
@@ -110,6 +111,12 @@ class FERRY_API Region {
   bool valid() const noexcept { return record_ != nullptr; }
   Descriptor descriptor() const;
   void deregister();
+  // Publishes the region's descriptor under `name` among its engine's names in the directory
+  // (Config::etcd), for Peer::region_named; a name published again points at the newer region.
+  // The entry goes with the region's deregistration and with the engine. Throws kUnsupported
+  // without a directory, kInvalidArgument for a bad name (1-128 characters: letters, digits,
+  // '.', '_', '-', ':'), and what reaching etcd failed with.
+  void publish(std::string_view name) const;
   // Memory from Engine::allocate, kept mapped while the returned handle lives, even past
   // deregistration (for views of it, such as Python's arrays); null for register_memory's
   // regions. After deregistration it is this process's alone: the peers' access is revoked, and
@@ -242,6 +249,10 @@ class FERRY_API Peer {
   Prepared prepare_write(std::span<const Transfer> batch) const;
   Prepared prepare_read(std::span<const Transfer> batch) const;
   Prepared prepare_write_with_imm(std::span<const Transfer> batch, uint32_t imm) const;
+  // The descriptor of the peer's region that it published under `name` (Region::publish), in
+  // the incarnation this connection reached: kNotFound when it has none by that name (an
+  // earlier incarnation's are never returned).
+  Descriptor region_named(std::string_view name) const;
   // Tagged two-sided messages, matched by (peer, tag) in order.
   Future send(uint64_t tag, const Region& local, uint64_t offset, uint64_t length) const;
   Future recv(uint64_t tag, const Region& local, uint64_t offset, uint64_t capacity) const;
@@ -290,6 +301,35 @@ struct EngineStats {
   uint64_t accept_failures = 0;        // accept() out of descriptors or memory (then backs off)
 };
 
+// An engine as the directory knows it by name (Engine::resolve, Engine::watch).
+struct NamedEngine {
+  std::string name;
+  uint64_t engine_id = 0;  // 0: no engine holds the name
+  uint64_t incarnation = 0;
+  std::vector<std::string> addresses;  // where it listens, the best first (Engine::addresses)
+  std::string public_key;              // its identity key (Engine::public_key)
+  bool present() const noexcept { return engine_id != 0; }
+};
+
+// A watch of a name in the directory (Engine::watch): destroying it or stop() ends it, waiting
+// for a callback under way unless called from that callback.
+class FERRY_API Watch {
+ public:
+  Watch() = default;
+  Watch(Watch&&) noexcept;
+  Watch& operator=(Watch&&) noexcept;
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+  ~Watch();
+  void stop();
+  bool valid() const noexcept { return state_ != nullptr; }
+
+ private:
+  friend class detail::EngineImpl;
+  explicit Watch(std::shared_ptr<detail::WatchState> state) : state_(std::move(state)) {}
+  std::shared_ptr<detail::WatchState> state_;
+};
+
 class FERRY_API Engine {
  public:
   explicit Engine(const Config& config = {});
@@ -333,6 +373,28 @@ class FERRY_API Engine {
   // peer to come and go, watch stats().peers_admitted and stats().peers.
   std::optional<Peer> accept(Duration timeout);
 
+  // Discovery through etcd (Config::etcd, docs/discovery.md). Each throws kUnsupported without
+  // a directory, kInvalidArgument for a bad name (1-128 characters: letters, digits, '.', '_',
+  // '-', ':'), and what reaching etcd failed with (kConnectFailed, kTimeout) naming it.
+  // Publishes this engine under `name`: its id, incarnation, addresses and public key, under a
+  // lease that keeps the entry while the engine lives (Config::etcd_ttl). A name another engine
+  // holds is refused with kAlreadyExists; one an earlier incarnation of this engine's identity
+  // (Config::identity_file) held passes to this one.
+  void publish(std::string_view name);
+  // Removes this engine's entry under `name`, if it holds it.
+  void unpublish(std::string_view name);
+  // The engine published under `name`; kNotFound when none is.
+  NamedEngine resolve(std::string_view name);
+  // connect() to the engine published under `name`, trying its addresses in turn. The engine
+  // reached must prove the published id (kWrongPeer otherwise) and be the published incarnation
+  // or a newer one the directory now holds (kStaleIncarnation otherwise).
+  Peer connect_named(std::string_view name, const std::stop_token& stop = {});
+  // Calls `fn` on a thread of the watch's own with the name's entry now (present() false when
+  // none) and then with each change: a new incarnation or engine published under it, or the
+  // entry gone (unpublished, shut down, or its lease expired). While etcd cannot be reached it
+  // retries every second, and on reaching it again reports the entry if it changed meanwhile.
+  Watch watch(std::string_view name, std::function<void(const NamedEngine&)> fn);
+
   // The next write_with_imm notification, if one arrives within `timeout`. It spins for up to
   // Config::wait_spin first, as Future::wait does, then sleeps. While it spins it polls the
   // same-host and RDMA channels of up to 16 peers itself, so their notifications reach it
@@ -364,9 +426,12 @@ class FERRY_API Engine {
   // or restrict them without a rebuild. An empty list, an empty or unknown name is an error
   // (kInvalidArgument) that names the variable.
   // Then, unless Config::settings_from_environment is off, each FERRY_<TRANSPORT>_<NAME>
-  // variable that is set (FERRY_TCP_STREAMS=4) overrides the transport setting it names.
+  // variable that is set (FERRY_TCP_STREAMS=4) overrides the transport setting it names, and
+  // FERRY_ETCD and FERRY_ETCD_PREFIX, when set, Config::etcd and Config::etcd_prefix.
   static Config with_environment(const Config& config);
   static constexpr const char* kTransportsVariable = "FERRY_TRANSPORTS";
+  static constexpr const char* kEtcdVariable = "FERRY_ETCD";
+  static constexpr const char* kEtcdPrefixVariable = "FERRY_ETCD_PREFIX";
   // Every transport setting, with its value in `config` (after with_environment), default,
   // range, environment variable and help.
   static std::vector<SettingInfo> settings(const Config& config = Config{});

@@ -40,6 +40,8 @@ Peer = _ferry.Peer
 Prepared = _ferry.Prepared
 Future = _ferry.Future
 ImmEvent = _ferry.ImmEvent
+NamedEngine = _ferry.NamedEngine
+Watch = _ferry.Watch
 __version__: str = _ferry.__version__  # type: ignore[attr-defined]
 LATENCY_BUCKET_BOUNDS_S: list = _ferry.LATENCY_BUCKET_BOUNDS_S  # type: ignore[attr-defined]
 set_log_level = _ferry.set_log_level  # type: ignore[attr-defined]
@@ -88,6 +90,7 @@ def _shutdown_engines() -> None:
 
 
 __all__ = [
-    "Access", "Config", "Descriptor", "Engine", "Future", "ImmEvent", "Notifications", "Peer", "Prepared", "Region",
+    "Access", "Config", "Descriptor", "Engine", "Future", "ImmEvent", "NamedEngine", "Notifications",
+    "Peer", "Prepared", "Region", "Watch",
     "FerryError", "log_level", "set_log_level", "settings", "transports", "__version__",
 ] + [cls.__name__ for cls in BY_CODE.values()]

@@ -107,6 +107,14 @@ class Unsupported(FerryError):
     """The transport or feature is not available here."""
 
 
+class NotFound(FerryError, LookupError):
+    """No entry under that name in the directory (etcd)."""
+
+
+class AlreadyExists(FerryError):
+    """The name is held by another engine."""
+
+
 BY_CODE: dict[str, type[FerryError]] = {
     "in_progress": InProgress,
     "invalid_argument": InvalidArgument,
@@ -128,6 +136,8 @@ BY_CODE: dict[str, type[FerryError]] = {
     "connect_failed": ConnectFailed,
     "system": SystemFailure,
     "unsupported": Unsupported,
+    "not_found": NotFound,
+    "already_exists": AlreadyExists,
 }
 
 __all__ = ["FerryError", "BY_CODE"] + [cls.__name__ for cls in BY_CODE.values()]

@@ -147,6 +147,8 @@ void bind_config(nb::module_& m) {
       .def_rw("max_joining_per_source", &Config::max_joining_per_source)
       .def_rw("max_queued_imms", &Config::max_queued_imms)
       .def_rw("max_queued_imms_total", &Config::max_queued_imms_total)
+      .def_rw("etcd", &Config::etcd, "etcd's 'http://host:port' for discovery ('': none)")
+      .def_rw("etcd_prefix", &Config::etcd_prefix, "every key in etcd starts with it")
       .def(
           "set",
           [](Config& c, const std::string& name, nb::handle value) { set_setting(c, name, value); },
@@ -165,6 +167,9 @@ void bind_config(nb::module_& m) {
   duration_attribute<&Config::connect_timeout>(cls, "connect_timeout", "bounds connect()");
   duration_attribute<&Config::revoke_timeout>(cls, "revoke_timeout",
                                               "deregister() waits this long for accesses");
+  duration_attribute<&Config::etcd_ttl>(cls, "etcd_ttl",
+                                        "published names outlive a dead engine this long");
+  duration_attribute<&Config::etcd_timeout>(cls, "etcd_timeout", "bounds each request to etcd");
 }
 
 }  // namespace ferry::python

@@ -164,6 +164,16 @@ void bind_region(nb::module_& m) {
       .def_prop_ro(
           "obj", [](const PyRegion& r) { return r.owner.is_valid() ? r.owner : nb::none(); },
           "The registered object (None once deregistered).")
+      .def(
+          "publish",
+          [](const PyRegion& r, const std::string& name) {
+            const Region& region = r.get();
+            nb::gil_scoped_release unlocked;
+            region.publish(name);
+          },
+          "name"_a,
+          "Publish the descriptor under `name` among the engine's names in etcd, for "
+          "Peer.region_named (Config.etcd); it leaves with the region.")
       .def("deregister", &PyRegion::deregister,
            "Revoke peers' access; returns once no operation touches the memory.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
@@ -260,45 +270,139 @@ void bind_memory(nb::class_<PyEngine>& cls) {
           "them, valid for as long as it lives, even after deregistration.");
 }
 
+// `dial(stop)` (Engine::connect or connect_named) on a thread of its own, so that this one can
+// take signals: Ctrl-C stops it (the thread's stop token) and waits for it to end, which it does
+// at once.
+template <typename Dial>
+PyPeer* dial_interruptibly(nb::handle engine, Dial dial) {
+  Peer peer;
+  std::exception_ptr failed;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  {
+    std::jthread dialing([&](std::stop_token stop) {
+      try {
+        peer = dial(stop);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      std::lock_guard lock(mu);
+      finished = true;
+      cv.notify_all();
+    });
+    try {
+      wait_interruptibly(Clock::time_point::max(), [&](Duration slice) {
+        std::unique_lock lock(mu);
+        return cv.wait_for(lock, slice, [&] { return finished; });
+      });
+    } catch (...) {
+      dialing.request_stop();
+      {
+        nb::gil_scoped_release unlocked;  // a name lookup under way cannot be stopped
+        dialing.join();
+      }
+      throw;
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  return new PyPeer{std::move(peer), nb::borrow(engine)};
+}
+
+// A watch of a name (Engine.watch): its callback takes the GIL on the watch's thread.
+struct PyWatch {
+  Watch watch;
+  // Both wait for a callback under way, which needs the GIL.
+  ~PyWatch() { stop(); }
+  void stop() {
+    if (!watch.valid()) return;
+    nb::gil_scoped_release unlocked;
+    watch.stop();
+  }
+};
+
+// Discovery through etcd: publishing, resolving, connecting and watching by name.
+void bind_directory(nb::module_& m, nb::class_<PyEngine>& cls) {
+  nb::class_<NamedEngine>(m, "NamedEngine", "An engine as etcd knows it by name.")
+      .def_ro("name", &NamedEngine::name)
+      .def_ro("engine_id", &NamedEngine::engine_id, "0: no engine holds the name")
+      .def_ro("incarnation", &NamedEngine::incarnation)
+      .def_ro("addresses", &NamedEngine::addresses)
+      .def_ro("public_key", &NamedEngine::public_key)
+      .def_prop_ro("present", &NamedEngine::present)
+      .def("__repr__", [](const NamedEngine& e) {
+        return "NamedEngine(name=" + e.name + ", engine_id=" + std::to_string(e.engine_id) +
+               ", incarnation=" + std::to_string(e.incarnation) + ")";
+      });
+  nb::class_<PyWatch>(m, "Watch", "A watch of a name in etcd (Engine.watch).")
+      .def("stop", &PyWatch::stop, "End it, waiting for a callback under way.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__exit__", [](PyWatch& w, nb::args) { w.stop(); });
+  cls.def(
+         "publish",
+         [](const PyEngine& e, const std::string& name) {
+           Engine& engine = e.get();
+           nb::gil_scoped_release unlocked;
+           engine.publish(name);
+         },
+         "name"_a,
+         "Publish this engine under `name` in etcd (Config.etcd) while it lives; AlreadyExists "
+         "when another engine holds it.")
+      .def(
+          "unpublish",
+          [](const PyEngine& e, const std::string& name) {
+            Engine& engine = e.get();
+            nb::gil_scoped_release unlocked;
+            engine.unpublish(name);
+          },
+          "name"_a, "Remove this engine's entry under `name`.")
+      .def(
+          "resolve",
+          [](const PyEngine& e, const std::string& name) {
+            Engine& engine = e.get();
+            nb::gil_scoped_release unlocked;
+            return engine.resolve(name);
+          },
+          "name"_a, "The engine published under `name`; NotFound when none is.")
+      .def(
+          "connect_named",
+          [](nb::handle self, const std::string& name) {
+            Engine& engine = nb::cast<PyEngine&>(self).get();
+            return dial_interruptibly(self, [&](const std::stop_token& stop) {
+              return engine.connect_named(name, stop);
+            });
+          },
+          "name"_a, nb::rv_policy::take_ownership,
+          "Connect to the engine published under `name`, checking it is the engine published.")
+      .def(
+          "watch",
+          [](const PyEngine& e, const std::string& name, nb::object fn) {
+            auto call = std::make_shared<SharedRef>(std::move(fn));
+            Engine& engine = e.get();
+            nb::gil_scoped_release unlocked;
+            return new PyWatch{engine.watch(name, [call](const NamedEngine& named) {
+              nb::detail::cleanup_guard guard{};
+              if (!guard) return;  // the interpreter is gone
+              try {
+                call->get()(named);
+              } catch (nb::python_error& err) {
+                err.discard_as_unraisable(call->get());
+              }
+            })};
+          },
+          "name"_a, "fn"_a, nb::rv_policy::take_ownership,
+          "Call fn(NamedEngine) on a thread of the watch's own with the name's entry now and at "
+          "each change (present False once it is gone). Exceptions fn raises go to "
+          "sys.unraisablehook.");
+}
+
 void bind_peers(nb::class_<PyEngine>& cls) {
   cls.def(
          "connect",
          [](nb::handle self, const std::string& address) {
            Engine& engine = nb::cast<PyEngine&>(self).get();
-           // On a thread of its own, so that this one can take signals: Ctrl-C stops the
-           // connect (the thread's stop token) and waits for it to end, which it does at once.
-           Peer peer;
-           std::exception_ptr failed;
-           std::mutex mu;
-           std::condition_variable cv;
-           bool finished = false;
-           {
-             std::jthread dialing([&](std::stop_token stop) {
-               try {
-                 peer = engine.connect(address, stop);
-               } catch (...) {
-                 failed = std::current_exception();
-               }
-               std::lock_guard lock(mu);
-               finished = true;
-               cv.notify_all();
-             });
-             try {
-               wait_interruptibly(Clock::time_point::max(), [&](Duration slice) {
-                 std::unique_lock lock(mu);
-                 return cv.wait_for(lock, slice, [&] { return finished; });
-               });
-             } catch (...) {
-               dialing.request_stop();
-               {
-                 nb::gil_scoped_release unlocked;  // a name lookup under way cannot be stopped
-                 dialing.join();
-               }
-               throw;
-             }
-           }
-           if (failed) std::rethrow_exception(failed);
-           return new PyPeer{std::move(peer), nb::borrow(self)};
+           return dial_interruptibly(
+               self, [&](const std::stop_token& stop) { return engine.connect(address, stop); });
          },
          "address"_a, nb::rv_policy::take_ownership,
          "Connect to the engine at 'host:port' (bounded by connect_timeout).")
@@ -457,6 +561,7 @@ void bind_engine(nb::module_& m) {
   bind_state(cls);
   bind_memory(cls);
   bind_peers(cls);
+  bind_directory(m, cls);
   bind_notifications(m, cls);
   bind_listings(cls);
 }

@@ -181,6 +181,19 @@ void bind_peer(nb::module_& m) {
            "Completes once the peer took or buffered it.")
       .def("recv", &message<true>, "tag"_a, "region"_a, "offset"_a = 0, "capacity"_a = nb::none(),
            "Receive the next message with `tag` into the region; Future.bytes is its length.")
+      .def(
+          "region_named",
+          [](const PyPeer& p, const std::string& name) {
+            Descriptor d;
+            {
+              nb::gil_scoped_release unlocked;
+              d = p.peer.region_named(name);
+            }
+            return PyDescriptor{std::move(d)};
+          },
+          "name"_a,
+          "The descriptor of the peer's region published under `name` (Region.publish), as a "
+          "ferry.Descriptor; NotFound when it has none.")
       .def_prop_ro("engine_id", [](const PyPeer& p) { return p.peer.engine_id(); })
       .def_prop_ro("incarnation", [](const PyPeer& p) { return p.peer.incarnation(); })
       .def_prop_ro("public_key", [](const PyPeer& p) { return p.peer.public_key(); })

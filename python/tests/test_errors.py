@@ -23,7 +23,8 @@ def test_every_code_has_a_class_with_the_right_bases():
         "in_progress", "invalid_argument", "out_of_bounds", "permission_denied",
         "unknown_region", "revoked", "wrong_key", "stale_incarnation", "wrong_peer",
         "peer_lost", "timeout", "cancelled", "protocol", "version_mismatch", "auth_failed",
-        "truncated", "resource_exhausted", "connect_failed", "system", "unsupported"}
+        "truncated", "resource_exhausted", "connect_failed", "system", "unsupported",
+        "not_found", "already_exists"}
     for code, cls in ferry.errors.BY_CODE.items():
         e = cls(code, "what failed")
         assert isinstance(e, ferry.FerryError)

@@ -38,7 +38,7 @@ Status decode_header(const uint8_t* in, FrameHeader& out) {
   h.offset = load_le(in + 32, 8);
   h.aux64 = load_le(in + 40, 8);
 
-  if (h.status > static_cast<uint16_t>(ErrorCode::kUnsupported)) {
+  if (h.status > static_cast<uint16_t>(kLastErrorCode)) {
     return {ErrorCode::kProtocol, "frame: unknown status " + std::to_string(h.status)};
   }
   if (is_control(h.type) && h.flags != 0) {

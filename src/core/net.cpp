@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -83,6 +84,8 @@ Status resolve(const HostPort& where, bool passive, AddrInfoPtr& out) {
 int remaining_ms(Deadline deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
+  // Deadline::max() waits for ever (poll's -1).
+  if (left.count() > std::numeric_limits<int>::max()) return -1;
   return left.count() < 0 ? 0 : static_cast<int>(left.count());
 }
 
@@ -271,6 +274,19 @@ Status read_all(int fd, std::span<uint8_t> data, Deadline deadline) {
     done += static_cast<std::size_t>(n);
   }
   return {};
+}
+
+Status read_some(int fd, std::span<uint8_t> data, Deadline deadline, std::size_t& got,
+                 std::span<const int> wake) {
+  for (;;) {
+    if (Status s = wait_fd(fd, POLLIN, deadline, "recv", wake); !s.ok()) return s;
+    ssize_t n = ::recv(fd, data.data(), data.size(), MSG_DONTWAIT);
+    if (n >= 0) {
+      got = static_cast<std::size_t>(n);
+      return {};
+    }
+    if (errno != EAGAIN && errno != EINTR) return sys_status("recv", errno, ErrorCode::kPeerLost);
+  }
 }
 
 }  // namespace ferry::core

@@ -73,5 +73,9 @@ HostPort peer_host_port(int fd);
 // Blocking transfers that give up at `deadline` (kTimeout) or on EOF (kPeerLost).
 Status write_all(int fd, std::span<const uint8_t> data, Deadline deadline);
 Status read_all(int fd, std::span<uint8_t> data, Deadline deadline);
+// What arrives first, up to data.size() bytes: `got` 0 at EOF. One of `wake` becoming readable
+// ends the wait with kCancelled.
+Status read_some(int fd, std::span<uint8_t> data, Deadline deadline, std::size_t& got,
+                 std::span<const int> wake = {});
 
 }  // namespace ferry::core

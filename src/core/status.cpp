@@ -52,6 +52,10 @@ const char* to_string(ErrorCode code) noexcept {
       return "system";
     case ErrorCode::kUnsupported:
       return "unsupported";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
   }
   return "unknown";
 }

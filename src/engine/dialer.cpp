@@ -217,6 +217,44 @@ Peer EngineImpl::connect(std::string_view host_port, const std::stop_token& stop
   }
 }
 
+Peer EngineImpl::connect_named(std::string_view name, const std::stop_token& stop) {
+  Directory& dir = directory("connect_named");
+  const NamedEngine published = dir.resolve(name);
+  const std::string what = "connect_named '" + std::string(name) + "'";
+  if (published.addresses.empty()) {
+    throw Error(ErrorCode::kConnectFailed, what + ": the engine published no address");
+  }
+  // The addresses are the best first; one that cannot be reached from here gives way to the next.
+  std::optional<Peer> peer;
+  Status last;
+  for (const std::string& address : published.addresses) {
+    try {
+      peer = connect(address, stop);
+      break;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kConnectFailed && e.code() != ErrorCode::kTimeout) throw;
+      last = e.status();
+    }
+  }
+  if (!peer) throw Error(last.code(), what + ": " + last.message());
+  // The handshake proved the id the peer holds; the directory says which one the name means.
+  auto refuse = [&](ErrorCode code, const std::string& why) {
+    peer->close();
+    throw Error(code, what + ": " + why);
+  };
+  if (peer->engine_id() != published.engine_id) {
+    refuse(ErrorCode::kWrongPeer, "the engine at " + peer->address() + " is " +
+                                      std::to_string(peer->engine_id()) + ", not the published " +
+                                      std::to_string(published.engine_id));
+  }
+  if (peer->incarnation() != published.incarnation &&
+      dir.resolve(name).incarnation != peer->incarnation()) {
+    refuse(ErrorCode::kStaleIncarnation,
+           "the engine at " + peer->address() + " is in another incarnation than the directory's");
+  }
+  return *std::move(peer);
+}
+
 Peer EngineImpl::dial(const core::HostPort& where, core::Deadline deadline, int stopped) {
   auto fail = [&](const Status& s, const std::string& step = {}) {
     connect_failed(where, s, step);

@@ -323,6 +323,10 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
 
 void EngineImpl::deregister(RegionRecord& record) {
   if (!record.registered.exchange(false)) return;
+  {
+    std::lock_guard lock(directory_mu_);
+    if (directory_) directory_->region_gone(record.id);
+  }
   // Revocation waits for the operations using the region: their completions must be handled
   // even if nobody waits for them.
   for (auto& p : peers_with_channels()) {
@@ -735,7 +739,34 @@ void EngineImpl::shutdown() {
   finish_shutdown();
 }
 
+Directory& EngineImpl::directory(const char* call) {
+  if (config.etcd.empty()) {
+    throw Error(ErrorCode::kUnsupported,
+                std::string(call) + ": no directory (set Config::etcd or " + Engine::kEtcdVariable +
+                    " to etcd's http://host:port)");
+  }
+  std::lock_guard lock(directory_mu_);
+  if (stopping_.load())
+    throw Error(ErrorCode::kCancelled, std::string(call) + ": engine shut down");
+  if (!directory_) {
+    directory_ = std::make_unique<Directory>(
+        config,
+        Directory::Self{id, incarnation, advertised, public_key_text(identity_key.public_key())});
+  }
+  return *directory_;
+}
+
+Watch EngineImpl::watch(std::string_view name, std::function<void(const NamedEngine&)> fn) {
+  if (!fn) throw Error(ErrorCode::kInvalidArgument, "watch: no callback");
+  return Watch(directory("watch").watch(name, std::move(fn)));
+}
+
 void EngineImpl::finish_shutdown() {
+  {
+    // The names go first, so that nobody looks this engine up while it goes.
+    std::lock_guard lock(directory_mu_);
+    if (directory_) directory_->stop();
+  }
   listener_->stop();
   if (liveness_) liveness_->stop();
 

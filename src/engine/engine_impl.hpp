@@ -23,6 +23,7 @@
 #include "core/periodic.hpp"
 #include "core/reactor.hpp"
 #include "core/shared_memory.hpp"
+#include "engine/directory.hpp"
 #include "engine/handshake.hpp"
 #include "engine/listener.hpp"
 #include "engine/peer_impl.hpp"
@@ -81,6 +82,11 @@ class EngineImpl final : public transport::Host,
   void deregister(RegionRecord& record);
   Peer connect(std::string_view host_port, const std::stop_token& stop);
   std::optional<Peer> accept(Duration timeout);
+  // The directory (Config::etcd), made on first use: kUnsupported without one, kCancelled once
+  // the engine shut down. `call` names the caller in those errors.
+  Directory& directory(const char* call);
+  Peer connect_named(std::string_view name, const std::stop_token& stop);
+  Watch watch(std::string_view name, std::function<void(const NamedEngine&)> fn);
   std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
   void on_imm(std::function<void(const ImmEvent&)> fn);
   void shutdown();
@@ -197,6 +203,8 @@ class EngineImpl final : public transport::Host,
   core::Teardown teardown_;
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<core::Periodic> liveness_;  // runs housekeeping(); from start()
+  std::mutex directory_mu_;
+  std::unique_ptr<Directory> directory_;  // under directory_mu_; made by directory()
   // Readable once shutdown() began: it wakes every connect() under way (dialer.cpp).
   core::Fd connect_cancel_;
   std::atomic<bool> stopping_{false};

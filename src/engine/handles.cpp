@@ -50,6 +50,15 @@ std::shared_ptr<void> Region::memory() const {
   if (!record_ || !record_->owned) return nullptr;
   return {record_->owned, record_->base};
 }
+void Region::publish(std::string_view name) const {
+  if (!record_) throw Error(ErrorCode::kInvalidArgument, "Region::publish: empty region");
+  core::refuse_in_forked_child(record_->engine->born, "Region::publish");
+  if (!record_->registered.load()) {
+    throw Error(ErrorCode::kRevoked, "Region::publish: the region was deregistered");
+  }
+  record_->engine->directory("Region::publish")
+      .publish_region(name, record_->id, record_->descriptor.to_string());
+}
 void Region::deregister() {
   if (!record_) return;
   core::refuse_in_forked_child(record_->engine->born, "Region::deregister");
@@ -149,6 +158,32 @@ void Peer::close() const {
   if (impl_) usable(impl_, "Peer::close").close({ErrorCode::kCancelled, "peer closed locally"});
 }
 
+Descriptor Peer::region_named(std::string_view name) const {
+  detail::PeerImpl& peer = usable(impl_, "Peer::region_named");
+  const std::string text =
+      peer.engine->directory("region_named").region_of(peer.engine_id, peer.incarnation, name);
+  Descriptor d = Descriptor::parse(text);
+  if (d.engine_id != peer.engine_id || d.incarnation != peer.incarnation) {
+    throw Error(ErrorCode::kProtocol, "region_named '" + std::string(name) +
+                                          "': the directory's descriptor is another engine's");
+  }
+  return d;
+}
+
+// ---- Watch ----
+Watch::Watch(Watch&&) noexcept = default;
+Watch& Watch::operator=(Watch&& o) noexcept {
+  if (this != &o) {
+    stop();
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+Watch::~Watch() { stop(); }
+void Watch::stop() {
+  if (state_) std::exchange(state_, nullptr)->stop();
+}
+
 // ---- Engine ----
 namespace {
 detail::EngineImpl& usable(const std::shared_ptr<detail::EngineImpl>& engine, const char* call) {
@@ -192,6 +227,21 @@ Region Engine::register_memory(void* data, std::size_t length, Access access,
 }
 Region Engine::allocate(std::size_t length, Access access) {
   return usable(impl_, "Engine::allocate").allocate(length, access);
+}
+void Engine::publish(std::string_view name) {
+  usable(impl_, "Engine::publish").directory("publish").publish_engine(name);
+}
+void Engine::unpublish(std::string_view name) {
+  usable(impl_, "Engine::unpublish").directory("unpublish").unpublish_engine(name);
+}
+NamedEngine Engine::resolve(std::string_view name) {
+  return usable(impl_, "Engine::resolve").directory("resolve").resolve(name);
+}
+Peer Engine::connect_named(std::string_view name, const std::stop_token& stop) {
+  return usable(impl_, "Engine::connect_named").connect_named(name, stop);
+}
+Watch Engine::watch(std::string_view name, std::function<void(const NamedEngine&)> fn) {
+  return usable(impl_, "Engine::watch").watch(name, std::move(fn));
 }
 Peer Engine::connect(std::string_view host_port, const std::stop_token& stop) {
   return usable(impl_, "Engine::connect").connect(host_port, stop);

@@ -264,7 +264,7 @@ Status decode(std::span<const uint8_t> body, ErrorMsg& out) {
   ByteReader r(body);
   ErrorMsg m;
   uint16_t code = r.u16();
-  if (r.ok() && (code == 0 || code > static_cast<uint16_t>(ErrorCode::kUnsupported))) {
+  if (r.ok() && (code == 0 || code > static_cast<uint16_t>(kLastErrorCode))) {
     return {ErrorCode::kProtocol, "error: unknown code " + std::to_string(code)};
   }
   m.code = static_cast<ErrorCode>(code);

@@ -45,6 +45,11 @@ void validate(const Config& c) {
         "max_joining_per_source must be >= 1");
   }
   if (c.transports.empty()) bad("transports is empty");
+  if (c.etcd_ttl < std::chrono::seconds(2) || c.etcd_ttl > std::chrono::hours(1) ||
+      c.etcd_ttl % std::chrono::seconds(1) != Duration::zero()) {
+    bad("etcd_ttl must be whole seconds, 2 s..1 h");
+  }
+  if (c.etcd_timeout.count() <= 0) bad("etcd_timeout must be > 0");
   if (Status s = transport::check_settings(c); !s.ok()) bad(s.message());
 }
 
@@ -77,8 +82,11 @@ void warn_about(const Config& c) {
 
 Config apply_environment(const Config& config) {
   Config out = config;
-  if (config.settings_from_environment)
+  if (config.settings_from_environment) {
     core::throw_if_error(transport::apply_setting_environment(out));
+    if (const char* etcd = std::getenv(Engine::kEtcdVariable)) out.etcd = etcd;
+    if (const char* prefix = std::getenv(Engine::kEtcdPrefixVariable)) out.etcd_prefix = prefix;
+  }
   const char* value = std::getenv(Engine::kTransportsVariable);
   if (value == nullptr || !config.transports_from_environment) return out;
   auto bad = [&](const std::string& what) {

@@ -90,7 +90,7 @@ class ChannelMeter {
 
  private:
   // The codes counted one by one (a later code counts as kSystem).
-  static constexpr int kErrorCodes = static_cast<int>(ErrorCode::kUnsupported) + 1;
+  static constexpr int kErrorCodes = static_cast<int>(kLastErrorCode) + 1;
   // The counts most operations touch share the first cache line: the histogram's buckets below
   // 8 us follow the sum, the bytes and the two in-flight counts.
   struct alignas(64) Kind {

@@ -1,8 +1,8 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
 // frame headers, group frames' entry tables, handshake bodies (channel addresses included),
-// verbs queue-pair addresses and message headers, shm channel addresses and records, and
-// descriptors (binary, text). The first input byte picks the decoder. Decoders must reject bad
-// input with an error, never crash or over-read.
+// verbs queue-pair addresses and message headers, shm channel addresses and records,
+// descriptors (binary, text), and HTTP responses (etcd's answers, core/http.hpp). The first input
+// byte picks the decoder. Decoders must reject bad input with an error, never crash or over-read.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/frame.hpp"
+#include "core/http.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/shm/shm_wire.hpp"
@@ -24,7 +25,7 @@ namespace tcp = ferry::transport::tcp;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 14) {
+  switch (data[0] % 15) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -162,6 +163,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
                          !std::equal(w.table.begin(), w.table.end(), v.table.begin())))
           __builtin_trap();
       }
+      break;
+    }
+    case 14: {
+      // A response fed whole and fed in two pieces (split where its first byte says) must get
+      // the same verdict and body, within the cap.
+      if (body.empty()) break;
+      std::string_view wire(reinterpret_cast<const char*>(body.data()) + 1, body.size() - 1);
+      constexpr std::size_t kCap = 256;
+      ferry::core::HttpResponseReader whole(kCap), split(kCap);
+      bool whole_ok = whole.feed(wire).ok() && whole.finish().ok();
+      std::size_t at = std::min<std::size_t>(body[0], wire.size());
+      bool split_ok = split.feed(wire.substr(0, at)).ok() && split.feed(wire.substr(at)).ok() &&
+                      split.finish().ok();
+      if (whole_ok != split_ok || whole.body() != split.body() || whole.body().size() > kCap)
+        __builtin_trap();
       break;
     }
     case 7:

@@ -8,6 +8,9 @@
 // With FERRY_TEST_WRITE_INTO="ADDRESS DESCRIPTOR", it first connects to ADDRESS and writes the
 // whole region DESCRIPTOR names (bytes i * 31 + 7) twice, the second time with immediate 1,
 // before it prints anything.
+// With FERRY_TEST_PUBLISH="ENGINE REGION" (and FERRY_ETCD), it publishes itself and its region
+// under those names, with a 2 s lease, before it prints anything; FERRY_TEST_IDENTITY names its
+// identity file (Config::identity_file).
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -81,6 +84,9 @@ int main(int argc, char** argv) {
     for (std::string name; std::getline(names, name, ',');)
       c.transports.push_back(ferry::transport_named(name).value());
   }
+  const char* publish = std::getenv("FERRY_TEST_PUBLISH");
+  if (publish != nullptr) c.etcd_ttl = std::chrono::seconds(2);
+  if (const char* identity = std::getenv("FERRY_TEST_IDENTITY")) c.identity_file = identity;
   ferry::Engine engine(c);
   if (const char* deny = std::getenv("FERRY_TEST_DENY_CROSS_MEMORY"); deny && *deny == '1')
     deny_cross_memory();
@@ -124,6 +130,13 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+  }
+  if (publish != nullptr) {
+    std::istringstream words(publish);
+    std::string engine_name, region_name;
+    words >> engine_name >> region_name;
+    engine.publish(engine_name);
+    region.publish(region_name);
   }
   std::cout << "ADDR " << engine.address() << "\nDESC " << region.descriptor().to_string()
             << std::endl;

@@ -39,6 +39,27 @@ TEST(Base64, RejectsBadCharactersAndDanglingBits) {
   EXPECT_TRUE(core::base64url_decode("AA").has_value());
 }
 
+TEST(Base64, StandardFormIsPaddedAndMatchesKnownText) {
+  // RFC 4648 section 10's test vectors.
+  const char* plain[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
+  const char* coded[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(core::base64_encode(std::string_view(plain[i])), coded[i]);
+    auto back = core::base64_decode(coded[i]);
+    ASSERT_TRUE(back.has_value()) << coded[i];
+    EXPECT_EQ(std::string(back->begin(), back->end()), plain[i]);
+  }
+  std::vector<uint8_t> high{0xfb, 0xff, 0xbf};  // the two characters where the alphabets differ
+  EXPECT_EQ(core::base64_encode(high), "+/+/");
+  EXPECT_EQ(core::base64url_encode(high), "-_-_");
+}
+
+TEST(Base64, StandardFormRefusesWrongPadding) {
+  for (const char* bad : {"Zg", "Zg=", "Zg===", "Z===", "Zm=v", "=Zm9", "Zm9v====", "Zm9-"}) {
+    EXPECT_FALSE(core::base64_decode(bad).has_value()) << bad;
+  }
+}
+
 TEST(FrameHeader, RoundTrips) {
   FrameHeader h;
   h.type = tcp::TcpFrame::kWrite;
