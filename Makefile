@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: bench-python bench-engines bench-lookup test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -152,11 +152,14 @@ test-browser: deps-test
 test-python-asan: deps-test
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/test-python-asan.sh
 
-# Ferry beside NIXL and Mooncake (PyPI wheels in build/venv-peers), interleaved, three rounds,
-# ratios printed (bench/compare_engines.sh; docs/performance.md, "Against other engines").
-bench-engines: build
+# The package as it is now, in build/venv, for the Python benchmarks.
+python-package: build
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q .
+
+# Ferry beside NIXL and Mooncake (PyPI wheels in build/venv-peers), interleaved, three rounds,
+# ratios printed (bench/compare_engines.sh; docs/performance.md, "Against other engines").
+bench-engines: python-package
 	bash bench/compare_engines.sh
 
 # The same in its fast mode (one shape, one round), after test-python installed the package: the
@@ -168,6 +171,11 @@ test-engines: test-python
 # connect, p50 and p99 (bench/compare_lookup.sh; docs/discovery.md, "Lookup latency").
 bench-lookup: deps-test build
 	bash bench/compare_lookup.sh
+
+# The torch.distributed backend: batch_isend_irecv of 64 x 1 MiB between two torchrun ranks beside
+# Ferry's C++ batch write and gloo, over TCP and shm (bench/compare_torch.sh).
+bench-torch: deps-test python-package
+	bash bench/compare_torch.sh
 
 # What the Python package adds over the C++ API, side by side (docs/performance.md).
 bench-python: build test-python
