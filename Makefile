@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: test-ray python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -29,9 +29,9 @@ run: build
 install: build
 	cmake --install build/release --prefix $(PREFIX)
 
-test: deps-test check-layers test-release test-package test-python test-engines test-browser tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
-	@echo "all test suites passed (layers, release, packaging, python, engines side by side, browser, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
-	@echo "suites: 14 passed, 0 failed"
+test: deps-test check-layers test-release test-package test-python test-ray test-engines test-browser tidy test-rdma test-asan test-tsan test-rdma-sanitized test-rdma-wire test-python-asan test-fuzz
+	@echo "all test suites passed (layers, release, packaging, python, ray, engines side by side, browser, clang-tidy, soft-roce guest, asan+ubsan, tsan, asan+ubsan and tsan guest, two guests over a wire, python under asan+ubsan, fuzz)"
+	@echo "suites: 15 passed, 0 failed"
 
 # The whole suite with two CPU-bound processes beside it, as on a busy machine: no assertion may
 # depend on timing (run this before resolving anything that touches threads or timeouts).
@@ -161,6 +161,16 @@ python-package: build
 # ratios printed (bench/compare_engines.sh; docs/performance.md, "Against other engines").
 bench-engines: python-package
 	bash bench/compare_engines.sh
+
+# Ferry as Ray's tensor transport on a local Ray cluster (python/tests/test_ray.py): Ray from PyPI
+# in a venv of its own, with the wheel test-python built (Ray's dependencies stay out of the
+# main suite's venv).
+RAY_VERSION ?= 2.60.0
+test-ray: test-python
+	test -x build/venv-ray/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages build/venv-ray
+	build/venv-ray/bin/python -m pip install -q "ray==$(RAY_VERSION)" pytest
+	build/venv-ray/bin/python -m pip install -q --no-deps --force-reinstall build/wheels/ferry-*.whl
+	cd python/tests && FERRY_REQUIRE_RAY=1 ../../build/venv-ray/bin/python -m pytest -q -p no:cacheprovider test_ray.py
 
 # The same in its fast mode (one shape, one round), after test-python installed the package: the
 # script and every driver still work; a peer that cannot be installed is reported as skipped.
