@@ -23,8 +23,8 @@ struct Row {
 };
 
 // `prepare` runs before each timed `call`, off the clock.
-Row measure(int iters, const std::function<void()>& call,
-            const std::function<void()>& prepare = [] {}) {
+Row measure(
+    int iters, const std::function<void()>& call, const std::function<void()>& prepare = [] {}) {
   std::vector<double> us;
   us.reserve(static_cast<std::size_t>(iters));
   prepare();
@@ -63,8 +63,10 @@ int main(int argc, char** argv) {
   Row region_named = measure(iters, [&] { (void)held.region_named("kv"); });
   std::unique_ptr<ferry::Engine> fresh;
   auto new_initiator = [&] { fresh = std::make_unique<ferry::Engine>(c); };
-  Row named = measure(iters, [&] { (void)fresh->connect_named("bench-target"); }, new_initiator);
-  Row direct = measure(iters, [&] { (void)fresh->connect(target.address()); }, new_initiator);
+  Row named = measure(
+      iters, [&] { (void)fresh->connect_named("bench-target"); }, new_initiator);
+  Row direct = measure(
+      iters, [&] { (void)fresh->connect(target.address()); }, new_initiator);
 
   std::printf("%-34s %10s %10s\n", "call (tcp, loopback etcd)", "p50 us", "p99 us");
   auto row = [](const char* name, Row r) {
