@@ -183,7 +183,8 @@ struct Config {
   // without shutdown() leaves the directory within this (shutdown() removes its entries at
   // once). Whole seconds, 2 s to 1 h.
   Duration etcd_ttl = std::chrono::seconds(10);
-  // Each request to etcd (a lookup, a publication, a renewal) gives up after this.
+  // Each request to an etcd endpoint (a lookup, a step of a publication, a renewal) gives up
+  // after this, and the next endpoint is tried.
   Duration etcd_timeout = std::chrono::seconds(3);
 
   // Speed settings; docs/performance.md has the measurements behind each default.

@@ -390,9 +390,10 @@ class FERRY_API Engine {
   // or a newer one the directory now holds (kStaleIncarnation otherwise).
   Peer connect_named(std::string_view name, const std::stop_token& stop = {});
   // Calls `fn` on a thread of the watch's own with the name's entry now (present() false when
-  // none) and then with each change: a new incarnation or engine published under it, or the
-  // entry gone (unpublished, shut down, or its lease expired). While etcd cannot be reached it
-  // retries every second, and on reaching it again reports the entry if it changed meanwhile.
+  // none) and then with each change of what it says: a new incarnation or engine published
+  // under it, new addresses, or the entry gone (unpublished, shut down, or its lease expired).
+  // While etcd cannot be reached it retries every second, and on reaching it again reports the
+  // entry if it changed meanwhile. An exception `fn` throws is logged and the watch goes on.
   Watch watch(std::string_view name, std::function<void(const NamedEngine&)> fn);
 
   // The next write_with_imm notification, if one arrives within `timeout`. It spins for up to

@@ -8,7 +8,7 @@ all_gather and all_reduce built on them (correct, not tuned).
 Ranks find each other through torch's own store (torchrun's TCPStore, or the one given to
 init_process_group): each publishes its engine's addresses and id there, and rank 0 a fresh
 shared secret that every rank's engine then requires of its peers. Each pair of ranks has one
-Ferry connection, used both ways; the lower rank accepts it.
+Ferry connection, used both ways: the lower rank connects, the higher accepts.
 
 Environment: FERRY_DIST_LISTEN_HOST (default 0.0.0.0: every interface, since ranks may be on
 other hosts; the secret keeps others out), and every FERRY_* variable an Engine reads
@@ -37,7 +37,7 @@ BACKEND = "ferry"
 # sequence number, so that no collective's message can match a user's receive.
 _MAX_USER_TAG = 1 << 62
 _COLLECTIVE = 1 << 63
-# Steps one collective call may use (tags apart): a rank's tensors times the ranks.
+# Tags one collective call may use: its steps (a tensor's index, twice for all_reduce).
 _STEPS = 1 << 24
 
 _REDUCERS: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -68,15 +68,15 @@ def _checked(tensor: torch.Tensor, what: str) -> torch.Tensor:
 
 
 class _Work(Work):
-    """The Ferry futures of one call and the registrations they use, released once done."""
+    """The Ferry futures of one call and the registrations they use, released once done. Each
+    future comes with the bytes it must move (a receive's message must fill its tensor, as
+    gloo requires), or None."""
 
-    def __init__(self, futures: list, holds: list, timeout: float,
-                 after: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, futures: list, holds: list, timeout: float) -> None:
         super().__init__()
         self._futures = futures
         self._holds = holds
         self._timeout = timeout
-        self._after = after
         self._error: Optional[BaseException] = None
         self._done = False
 
@@ -84,22 +84,24 @@ class _Work(Work):
         if not self._done:
             limit = _seconds(timeout, self._timeout)
             try:
-                for f in self._futures:
-                    f.wait(limit)
-                if self._after is not None:
-                    self._after()
+                for f, expected in self._futures:
+                    moved = f.wait(limit)
+                    if expected is not None and moved != expected:
+                        raise InvalidArgument("invalid_argument",
+                                              f"recv: the message had {moved} bytes, the tensor "
+                                              f"{expected}")
             except Timeout:
                 raise  # still running: a later wait may finish it
             except BaseException as e:  # noqa: BLE001 (kept for is_success and re-raised)
                 self._error = e
             self._done = True
-            self._futures, self._holds, self._after = [], [], None
+            self._futures, self._holds = [], []
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done or all(f.done() for f in self._futures)
+        return self._done or all(f.done() for f, _ in self._futures)
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -114,15 +116,18 @@ class FerryProcessGroup(dist.ProcessGroup):
         # subclass cannot match (the ignores below).
         super().__init__(rank, size)  # type: ignore[call-arg]
         self._timeout = timeout.total_seconds()
+        # Keys of this initialization only: every rank adds one to a counter, so each group made
+        # on the same store (init, destroy, init again) counts as a new generation.
+        prefix = f"ferry/{(store.add('ferry/joined', 1) - 1) // size}/"
         if rank == 0:
-            store.set("ferry/secret", os.urandom(32).hex())
-        secret = store.get("ferry/secret").decode()
+            store.set(prefix + "secret", os.urandom(32).hex())
+        secret = store.get(prefix + "secret").decode()
         self._engine = ferry.Engine(
             listen_host=os.environ.get("FERRY_DIST_LISTEN_HOST", "0.0.0.0"), secret=secret,
             connect_timeout=self._timeout)
-        store.set(f"ferry/rank/{rank}",
+        store.set(f"{prefix}rank/{rank}",
                   json.dumps({"id": self._engine.id, "addresses": self._engine.addresses}))
-        ranks = [json.loads(store.get(f"ferry/rank/{r}")) for r in range(size)]
+        ranks = [json.loads(store.get(f"{prefix}rank/{r}")) for r in range(size)]
         self._peers: list[Optional[ferry.Peer]] = [None] * size
         for r in range(rank + 1, size):
             self._peers[r] = self._connect(ranks[r])
@@ -169,28 +174,32 @@ class FerryProcessGroup(dist.ProcessGroup):
                                         f"rank {rank}: not another rank of this group")
         return peer
 
-    def _post(self, send: bool, tensor: torch.Tensor, rank: int, tag: int,
-              futures: list, holds: list) -> None:
-        peer = self._peer(rank)
-        tensor = _checked(tensor, "send" if send else "recv")
-        if tensor.numel() == 0:
-            region, length = self._empty, 0
-        else:
-            region, length = self._engine.register(tensor), tensor.numel() * tensor.element_size()
-            holds.append(region)
-        if send:
-            futures.append(peer.send(tag, region, 0, length))
-        else:
-            futures.append(peer.recv(tag, region, 0, length))
+    def _post_all(self, posts: list) -> _Work:
+        """Posts every (send?, tensor, rank, tag), all checked before any is posted, and gives
+        the Work of them all."""
+        for send, t, rank, _ in posts:
+            self._peer(rank)
+            _checked(t, "send" if send else "recv")
+        futures: list = []
+        holds: list = []
+        for send, tensor, rank, tag in posts:
+            peer = self._peer(rank)
+            if tensor.numel() == 0:
+                region, length = self._empty, 0
+            else:
+                region = self._engine.register(tensor)
+                length = tensor.numel() * tensor.element_size()
+                holds.append(region)
+            if send:
+                futures.append((peer.send(tag, region, 0, length), None))
+            else:
+                futures.append((peer.recv(tag, region, 0, length), length))
+        return _Work(futures, holds, self._timeout)
 
     def _p2p(self, send: bool, tensors: Sequence[torch.Tensor], rank: int, tag: int) -> Work:
         if not 0 <= tag < _MAX_USER_TAG:
             raise InvalidArgument("invalid_argument", f"tag {tag}: must be 0..2**62-1")
-        futures: list = []
-        holds: list = []
-        for t in tensors:
-            self._post(send, t, rank, tag, futures, holds)
-        work = _Work(futures, holds, self._timeout)
+        work = self._post_all([(send, t, rank, tag) for t in tensors])
         self._in_flight.append(work)
         if len(self._in_flight) >= self._prune_at:  # amortized: a batch of 64 costs one pass
             self._in_flight = [w for w in self._in_flight if not w.is_completed()]
@@ -215,13 +224,8 @@ class FerryProcessGroup(dist.ProcessGroup):
 
     def _exchange(self, sends: list, recvs: list) -> None:
         """Posts every (tensor, rank, tag) of both lists, then waits for all of them."""
-        futures: list = []
-        holds: list = []
-        for t, r, tag in recvs:
-            self._post(False, t, r, tag, futures, holds)
-        for t, r, tag in sends:
-            self._post(True, t, r, tag, futures, holds)
-        _Work(futures, holds, self._timeout).wait()
+        self._post_all([(False, t, r, tag) for t, r, tag in recvs] +
+                       [(True, t, r, tag) for t, r, tag in sends]).wait()
 
     def _done(self) -> Work:
         return _Work([], [], self._timeout)

@@ -70,6 +70,8 @@ class _Process:
         with self.lock:
             peer = self.peers.get(address)
             if peer is None or not peer.connected or peer.engine_id != engine_id:
+                if peer is not None:
+                    peer.close()  # a producer gone, or another process at its address now
                 peer = self.engine.connect(address)
                 if peer.engine_id != engine_id:
                     peer.close()
@@ -157,13 +159,18 @@ class FerryTensorTransport(TensorTransportManager):
         if wanted:
             here = _here()
             peer = here.peer(meta.address, meta.engine_id)
-            # Every read posted before any is waited for: one batch in flight.
+            # Every read posted before any is waited for: one batch in flight. The registrations
+            # end before an error is raised (deregistering waits for a read still under way, or
+            # cuts it off), so nothing writes into these tensors after.
             locals_ = [here.engine.register(t) for t, _ in wanted]
-            reads = [peer.read(local, ferry.Descriptor(d)) for local, (_, d) in zip(locals_, wanted)]
-            for f in reads:
-                f.wait(_READ_TIMEOUT)
-            for region in locals_:
-                region.deregister()
+            try:
+                reads = [peer.read(local, ferry.Descriptor(d))
+                         for local, (_, d) in zip(locals_, wanted)]
+                for f in reads:
+                    f.wait(_READ_TIMEOUT)
+            finally:
+                for region in locals_:
+                    region.deregister()
         return tensors
 
     def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: Any,

@@ -315,9 +315,11 @@ struct PyWatch {
   // Both wait for a callback under way, which needs the GIL.
   ~PyWatch() { stop(); }
   void stop() {
-    if (!watch.valid()) return;
+    // Taken with the GIL held, so that two Python threads stopping it never share the handle.
+    Watch taken = std::move(watch);
+    if (!taken.valid()) return;
     nb::gil_scoped_release unlocked;
-    watch.stop();
+    taken.stop();
   }
 };
 

@@ -91,6 +91,16 @@ def main() -> None:
     for _ in range(3):
         dist.barrier()
 
+    # A message shorter than the tensor that receives it is an error, as in gloo.
+    if rank % 2 == 0:
+        dist.send(torch.ones(4), right, tag=7)
+    else:
+        try:
+            dist.recv(torch.zeros(8), left, tag=7)
+            raise AssertionError("a 4-element message filled an 8-element tensor")
+        except (RuntimeError, ferry.FerryError) as e:
+            assert "the message had 16 bytes, the tensor 32" in str(e), e
+
     # Refusals reach the caller as errors, and the group still works after them.
     try:
         dist.send(torch.zeros(4), rank)

@@ -1,5 +1,6 @@
 #include "core/etcd.hpp"
 
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "core/base64.hpp"
@@ -17,12 +18,11 @@ int64_t number(const json& j, const char* field) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return 0;
   if (it->is_number_integer()) return it->get<int64_t>();
+  int64_t v = 0;
   if (it->is_string()) {
     const std::string& s = it->get_ref<const std::string&>();
-    std::size_t used = 0;
-    long long v = std::stoll(s, &used);
-    if (used != s.size()) throw std::invalid_argument(std::string(field) + ": not a number");
-    return v;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && end == s.data() + s.size() && !s.empty()) return v;
   }
   throw std::invalid_argument(std::string(field) + ": not a number");
 }
@@ -36,11 +36,28 @@ std::string bytes_of(const json& j, const char* field) {
 }
 
 EtcdClient::KeyValue key_value(const json& j) {
-  return {bytes_of(j, "key"), bytes_of(j, "value"), number(j, "create_revision"),
-          number(j, "mod_revision"), number(j, "lease")};
+  return {bytes_of(j, "key"), bytes_of(j, "value"), number(j, "mod_revision"), number(j, "lease")};
 }
 
 std::string text(int64_t v) { return std::to_string(v); }
+
+json put_request(std::string_view key, std::string_view value, int64_t lease) {
+  json put = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease != 0) put["lease"] = text(lease);
+  return put;
+}
+
+// A transaction that does `then` only if the key's entry is still the one of `mod_revision`
+// (0: absent), else reads the entry.
+json if_unchanged(std::string_view key, int64_t mod_revision, json then) {
+  const std::string k = base64_encode(key);
+  return {{"compare", json::array({{{"key", k},
+                                    {"target", "MOD"},
+                                    {"result", "EQUAL"},
+                                    {"mod_revision", text(mod_revision)}}})},
+          {"success", json::array({std::move(then)})},
+          {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
+}
 
 // Parses etcd's answer, turning what the JSON library throws into a kProtocol error.
 template <typename F>
@@ -70,11 +87,11 @@ Status EtcdClient::parse_endpoints(std::string_view endpoints, std::vector<HostP
 }
 
 Status EtcdClient::call(std::string_view path, const std::string& body, std::string& response) {
-  const Deadline deadline = std::chrono::steady_clock::now() + timeout_;
   Status last;
   for (const HostPort& endpoint : endpoints_) {
     int status = 0;
-    last = http_post(endpoint, path, body, deadline, kMaxResponseBytes, status, response);
+    last = http_post(endpoint, path, body, std::chrono::steady_clock::now() + timeout_,
+                     kMaxResponseBytes, status, response);
     if (!last.ok()) continue;  // unreachable or cut off: the next endpoint may answer
     if (status / 100 == 2) return {};
     std::string message = "HTTP " + std::to_string(status);
@@ -85,8 +102,9 @@ Status EtcdClient::call(std::string_view path, const std::string& body, std::str
       code = j.value("code", 0);
     } catch (const std::exception&) {
     }
-    return {code == kGrpcNotFound ? ErrorCode::kNotFound : ErrorCode::kProtocol,
-            "etcd " + std::string(path) + ": " + message};
+    last = {code == kGrpcNotFound ? ErrorCode::kNotFound : ErrorCode::kProtocol,
+            "etcd " + endpoint.to_string() + std::string(path) + ": " + message};
+    if (status / 100 != 5) return last;  // a refusal; a server error may be this member's alone
   }
   return last;
 }
@@ -104,23 +122,14 @@ Status EtcdClient::get(std::string_view key, std::optional<KeyValue>& out, int64
 
 Status EtcdClient::put(std::string_view key, std::string_view value, int64_t lease) {
   std::string response;
-  json request = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
-  if (lease != 0) request["lease"] = text(lease);
-  return call("/v3/kv/put", request.dump(), response);
+  return call("/v3/kv/put", put_request(key, value, lease).dump(), response);
 }
 
 Status EtcdClient::put_if(std::string_view key, std::string_view value, int64_t lease,
                           int64_t expected_mod_revision, bool& done,
                           std::optional<KeyValue>& current) {
-  const std::string k = base64_encode(key);
-  json put = {{"key", k}, {"value", base64_encode(value)}};
-  if (lease != 0) put["lease"] = text(lease);
-  json request = {{"compare", json::array({{{"key", k},
-                                            {"target", "MOD"},
-                                            {"result", "EQUAL"},
-                                            {"mod_revision", text(expected_mod_revision)}}})},
-                  {"success", json::array({{{"request_put", put}}})},
-                  {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
+  json request =
+      if_unchanged(key, expected_mod_revision, {{"request_put", put_request(key, value, lease)}});
   std::string response;
   if (Status s = call("/v3/kv/txn", request.dump(), response); !s.ok()) return s;
   current.reset();
@@ -138,6 +147,14 @@ Status EtcdClient::remove(std::string_view key) {
   std::string response;
   json request = {{"key", base64_encode(key)}};
   return call("/v3/kv/deleterange", request.dump(), response);
+}
+
+Status EtcdClient::remove_if(std::string_view key, int64_t mod_revision, bool& done) {
+  json request =
+      if_unchanged(key, mod_revision, {{"request_delete_range", {{"key", base64_encode(key)}}}});
+  std::string response;
+  if (Status s = call("/v3/kv/txn", request.dump(), response); !s.ok()) return s;
+  return parsed("txn", response, [&](const json& j) { done = j.value("succeeded", false); });
 }
 
 Status EtcdClient::grant_lease(std::chrono::seconds ttl, int64_t& lease) {
@@ -186,12 +203,16 @@ Status EtcdClient::watch(std::string_view key, int64_t from_revision,
       if (Status s = stream.next_line(line, Deadline::max(), wake); !s.ok()) return s;
       if (line.empty()) continue;
       bool compacted = false;
+      std::optional<std::string> canceled;
       Status s = parsed("watch", line, [&](const json& j) {
         if (auto error = j.find("error"); error != j.end()) {
           throw std::invalid_argument(error->dump());
         }
         const json& result = j.at("result");
         compacted = number(result, "compact_revision") != 0;
+        if (result.value("canceled", false)) {
+          canceled = result.value("cancel_reason", std::string("no reason given"));
+        }
         events.clear();
         if (auto list = result.find("events"); list != result.end()) {
           for (const json& e : *list) {
@@ -204,6 +225,7 @@ Status EtcdClient::watch(std::string_view key, int64_t from_revision,
         return {ErrorCode::kOutOfBounds,
                 "etcd watch: revision " + text(from_revision) + " was compacted"};
       }
+      if (canceled) return {ErrorCode::kProtocol, "etcd watch: canceled (" + *canceled + ")"};
       if (!events.empty()) on_events(events);
     }
   }

@@ -1,7 +1,8 @@
 // A client of etcd's v3 API through its JSON gateway (etcd 3.4 and later: /v3/...), over
-// core/http: what the engine's directory needs (docs/discovery.md) and nothing more. Every call
-// has a deadline; one that cannot reach any endpoint fails with kConnectFailed or kTimeout
-// naming them, and etcd's own refusals come back with its text.
+// core/http: what the engine's directory needs (docs/discovery.md) and nothing more. Each request
+// goes to the endpoints in turn, each given the whole timeout, until one answers other than with
+// a server error; one that reaches none fails with kConnectFailed or kTimeout naming the last,
+// and etcd's own refusals come back with its text.
 #pragma once
 
 #include <chrono>
@@ -22,7 +23,6 @@ class EtcdClient {
   struct KeyValue {
     std::string key;
     std::string value;
-    int64_t create_revision = 0;
     int64_t mod_revision = 0;
     int64_t lease = 0;
   };
@@ -48,6 +48,8 @@ class EtcdClient {
   Status put_if(std::string_view key, std::string_view value, int64_t lease,
                 int64_t expected_mod_revision, bool& done, std::optional<KeyValue>& current);
   Status remove(std::string_view key);
+  // Removes the key's entry only if it is still the one of `mod_revision`; `done` says whether.
+  Status remove_if(std::string_view key, int64_t mod_revision, bool& done);
 
   Status grant_lease(std::chrono::seconds ttl, int64_t& lease);
   // Renews the lease; `ttl_left` 0 means it is gone (expired or revoked).
@@ -57,14 +59,15 @@ class EtcdClient {
 
   // Watches `key` from `from_revision` on, calling `on_events` with
   // each batch of events in order, until `wake` becomes readable (kCancelled), the stream fails,
-  // or the revision was compacted away (kOutOfBounds: read afresh and watch from there). Blocks;
-  // `on_events` runs on the caller's thread.
+  // or etcd cancels the watch (kOutOfBounds when the revision was compacted away: read afresh and
+  // watch from there). Blocks; `on_events` runs on the caller's thread.
   Status watch(std::string_view key, int64_t from_revision,
                const std::function<void(const std::vector<Event>&)>& on_events, int wake);
 
  private:
-  // POSTs to every endpoint in turn until one answers; an HTTP error status becomes an error
-  // carrying etcd's message (kUnknownRegion-like refusals are the caller's to tell apart).
+  // POSTs to the endpoints in turn until one answers other than with a server error (5xx: no
+  // leader, say); an HTTP error status becomes an error carrying etcd's message (gRPC's NotFound
+  // as kNotFound).
   Status call(std::string_view path, const std::string& body, std::string& response);
 
   const std::vector<HostPort> endpoints_;

@@ -165,11 +165,13 @@ Status HttpResponseReader::feed(std::string_view bytes) {
       continue;
     }
     std::size_t before = pos_;
-    if (!take_line(line)) {
-      if (left.size() > kMaxHeaderBytes)
-        return fail("line over " + std::to_string(kMaxHeaderBytes) + " bytes");
-      break;
+    // A line over the cap is refused whether its end came with it or not: the verdict does not
+    // depend on how the bytes were cut.
+    bool whole = take_line(line);
+    if ((whole ? line.size() : left.size()) > kMaxHeaderBytes) {
+      return fail("line over " + std::to_string(kMaxHeaderBytes) + " bytes");
     }
+    if (!whole) break;
     if (state_ == State::kStatusLine || state_ == State::kHeaders || state_ == State::kTrailers) {
       header_bytes_ += pos_ - before;
       if (header_bytes_ > kMaxHeaderBytes) {
@@ -211,59 +213,56 @@ Status HttpResponseReader::finish() {
   return {ErrorCode::kPeerLost, "HTTP response: connection closed before its end"};
 }
 
+namespace {
+// Connects and sends the request; `where` names it in every error after.
+Status send_request(const HostPort& server, std::string_view path, std::string_view body,
+                    Deadline deadline, int wake, Fd& fd, std::string& where) {
+  where = "http://" + server.to_string() + std::string(path);
+  const int wakes[] = {wake};
+  Status s = connect_tcp(server, deadline, fd, wake >= 0 ? wakes : std::span<const int>{});
+  if (s.ok()) s = write_all(fd.get(), as_bytes(request(server, path, body)), deadline);
+  return s.ok() ? s : Status(s.code(), where + ": " + s.message());
+}
+
+// Feeds `reader` what arrives next, or the connection's end.
+Status read_more(int fd, HttpResponseReader& reader, Deadline deadline, int wake,
+                 const std::string& where) {
+  std::array<uint8_t, 16 << 10> buf;
+  std::size_t got = 0;
+  const int wakes[] = {wake};
+  Status s = read_some(fd, buf, deadline, got, wake >= 0 ? wakes : std::span<const int>{});
+  if (s.ok()) {
+    s = got == 0 ? reader.finish() : reader.feed({reinterpret_cast<const char*>(buf.data()), got});
+  }
+  return s.ok() ? s : Status(s.code(), where + ": " + s.message());
+}
+}  // namespace
+
 Status http_post(const HostPort& server, std::string_view path, std::string_view body,
                  Deadline deadline, std::size_t max_response, int& status, std::string& response) {
-  const std::string where = "http://" + server.to_string() + std::string(path);
-  auto named = [&](const Status& s) { return Status(s.code(), where + ": " + s.message()); };
   Fd fd;
-  if (Status s = connect_tcp(server, deadline, fd); !s.ok()) return named(s);
-  if (Status s = write_all(fd.get(), as_bytes(request(server, path, body)), deadline); !s.ok()) {
-    return named(s);
-  }
+  std::string where;
+  if (Status s = send_request(server, path, body, deadline, -1, fd, where); !s.ok()) return s;
   HttpResponseReader reader(max_response);
-  std::array<uint8_t, 16 << 10> buf;
   while (!reader.complete()) {
-    std::size_t got = 0;
-    if (Status s = read_some(fd.get(), buf, deadline, got); !s.ok()) return named(s);
-    Status s =
-        got == 0 ? reader.finish() : reader.feed({reinterpret_cast<const char*>(buf.data()), got});
-    if (!s.ok()) return named(s);
+    if (Status s = read_more(fd.get(), reader, deadline, -1, where); !s.ok()) return s;
   }
   status = reader.status();
   response = std::move(reader.body());
   return {};
 }
 
-Status HttpStream::read_more(Deadline deadline, int wake) {
-  std::array<uint8_t, 16 << 10> buf;
-  std::size_t got = 0;
-  const int wakes[] = {wake};
-  Status s = read_some(fd_.get(), buf, deadline, got, wake >= 0 ? wakes : std::span<const int>{});
-  if (s.ok()) {
-    s = got == 0 ? reader_.finish()
-                 : reader_.feed({reinterpret_cast<const char*>(buf.data()), got});
-  }
-  return s.ok() ? s : Status(s.code(), where_ + ": " + s.message());
-}
-
 Status HttpStream::open(const HostPort& server, std::string_view path, std::string_view body,
                         Deadline deadline, int wake) {
-  where_ = "http://" + server.to_string() + std::string(path);
-  const int wakes[] = {wake};
-  if (Status s = connect_tcp(server, deadline, fd_, wake >= 0 ? wakes : std::span<const int>{});
-      !s.ok()) {
-    return {s.code(), where_ + ": " + s.message()};
-  }
+  if (Status s = send_request(server, path, body, deadline, wake, fd_, where_); !s.ok()) return s;
   tune_socket(fd_.get(), kStreamSilence);
-  if (Status s = write_all(fd_.get(), as_bytes(request(server, path, body)), deadline); !s.ok()) {
-    return {s.code(), where_ + ": " + s.message()};
-  }
   while (!reader_.headers_done()) {
-    if (Status s = read_more(deadline, wake); !s.ok()) return s;
+    if (Status s = read_more(fd_.get(), reader_, deadline, wake, where_); !s.ok()) return s;
   }
   if (reader_.status() / 100 != 2) {
     // The error's text, as much of it as comes quickly.
-    while (!reader_.complete() && reader_.body().size() < 200 && read_more(deadline, wake).ok()) {
+    while (!reader_.complete() && reader_.body().size() < 200 &&
+           read_more(fd_.get(), reader_, deadline, wake, where_).ok()) {
     }
     return {ErrorCode::kProtocol,
             where_ + ": HTTP " + std::to_string(reader_.status()) + " " + excerpt(reader_.body())};
@@ -281,7 +280,7 @@ Status HttpStream::next_line(std::string& line, Deadline deadline, int wake) {
       return {};
     }
     if (reader_.complete()) return {ErrorCode::kPeerLost, where_ + ": the stream ended"};
-    if (Status s = read_more(deadline, wake); !s.ok()) return s;
+    if (Status s = read_more(fd_.get(), reader_, deadline, wake, where_); !s.ok()) return s;
   }
 }
 

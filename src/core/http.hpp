@@ -1,6 +1,6 @@
 // A small HTTP/1.1 client for JSON services (etcd's gateway, docs/discovery.md): plain http,
 // POST only, one request per connection ("Connection: close"), every response's size capped, and
-// every wait bounded by a deadline.
+// every wait bounded by the caller's deadline (a stream's, by its wake descriptor as well).
 #pragma once
 
 #include <cstddef>
@@ -88,8 +88,6 @@ class HttpStream {
   Status next_line(std::string& line, Deadline deadline, int wake);
 
  private:
-  Status read_more(Deadline deadline, int wake);
-
   std::string where_;
   Fd fd_;
   HttpResponseReader reader_;

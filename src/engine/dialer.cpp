@@ -247,10 +247,17 @@ Peer EngineImpl::connect_named(std::string_view name, const std::stop_token& sto
                                       std::to_string(peer->engine_id()) + ", not the published " +
                                       std::to_string(published.engine_id));
   }
-  if (peer->incarnation() != published.incarnation &&
-      dir.resolve(name).incarnation != peer->incarnation()) {
-    refuse(ErrorCode::kStaleIncarnation,
-           "the engine at " + peer->address() + " is in another incarnation than the directory's");
+  if (peer->incarnation() != published.incarnation) {
+    uint64_t now = 0;
+    try {
+      now = dir.resolve(name).incarnation;
+    } catch (const Error& e) {
+      refuse(e.code(), e.status().message());
+    }
+    if (now != peer->incarnation()) {
+      refuse(ErrorCode::kStaleIncarnation, "the engine at " + peer->address() +
+                                               " is in another incarnation than the directory's");
+    }
   }
   return *std::move(peer);
 }

@@ -323,10 +323,7 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
 
 void EngineImpl::deregister(RegionRecord& record) {
   if (!record.registered.exchange(false)) return;
-  {
-    std::lock_guard lock(directory_mu_);
-    if (directory_) directory_->region_gone(record.id);
-  }
+  if (Directory* names = made_directory()) names->region_gone(record.id);
   // Revocation waits for the operations using the region: their completions must be handled
   // even if nobody waits for them.
   for (auto& p : peers_with_channels()) {
@@ -756,17 +753,20 @@ Directory& EngineImpl::directory(const char* call) {
   return *directory_;
 }
 
+Directory* EngineImpl::made_directory() {
+  std::lock_guard lock(directory_mu_);
+  return directory_.get();
+}
+
 Watch EngineImpl::watch(std::string_view name, std::function<void(const NamedEngine&)> fn) {
   if (!fn) throw Error(ErrorCode::kInvalidArgument, "watch: no callback");
   return Watch(directory("watch").watch(name, std::move(fn)));
 }
 
 void EngineImpl::finish_shutdown() {
-  {
-    // The names go first, so that nobody looks this engine up while it goes.
-    std::lock_guard lock(directory_mu_);
-    if (directory_) directory_->stop();
-  }
+  // The names go first, so that nobody looks this engine up while it goes. Not under
+  // directory_mu_: a watch's callback may be calling into the directory meanwhile.
+  if (Directory* names = made_directory()) names->stop();
   listener_->stop();
   if (liveness_) liveness_->stop();
 

@@ -85,6 +85,8 @@ class EngineImpl final : public transport::Host,
   // The directory (Config::etcd), made on first use: kUnsupported without one, kCancelled once
   // the engine shut down. `call` names the caller in those errors.
   Directory& directory(const char* call);
+  // The directory if one was made, else null; it lives as long as the engine.
+  Directory* made_directory();
   Peer connect_named(std::string_view name, const std::stop_token& stop);
   Watch watch(std::string_view name, std::function<void(const NamedEngine&)> fn);
   std::size_t next_imms(std::span<ImmEvent> out, Duration timeout);
@@ -204,7 +206,9 @@ class EngineImpl final : public transport::Host,
   std::unique_ptr<Listener> listener_;
   std::unique_ptr<core::Periodic> liveness_;  // runs housekeeping(); from start()
   std::mutex directory_mu_;
-  std::unique_ptr<Directory> directory_;  // under directory_mu_; made by directory()
+  // Made once by directory(), under directory_mu_, and kept until the engine goes: callers use
+  // it without the lock.
+  std::unique_ptr<Directory> directory_;
   // Readable once shutdown() began: it wakes every connect() under way (dialer.cpp).
   core::Fd connect_cancel_;
   std::atomic<bool> stopping_{false};

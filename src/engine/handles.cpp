@@ -57,7 +57,7 @@ void Region::publish(std::string_view name) const {
     throw Error(ErrorCode::kRevoked, "Region::publish: the region was deregistered");
   }
   record_->engine->directory("Region::publish")
-      .publish_region(name, record_->id, record_->descriptor.to_string());
+      .publish_region(name, record_->id, record_->descriptor.to_string(), record_->registered);
 }
 void Region::deregister() {
   if (!record_) return;

@@ -374,5 +374,32 @@ TEST_F(Directory, AWatchStoppedFromItsOwnCallbackEndsAndEngineShutdownEndsTheRes
   EXPECT_EQ(code_of([&] { engine->resolve("w"); }), ErrorCode::kCancelled);
 }
 
+TEST_F(Directory, ShutdownEndsAWatchWhoseCallbackKeepsCallingTheDirectory) {
+  Engine target(config());
+  target.publish("busy");
+  auto engine = std::make_unique<Engine>(config());
+  std::atomic<bool> inside{false};
+  std::atomic<int> refused{0};
+  Watch watch = engine->watch("busy", [&](const NamedEngine&) {
+    inside = true;
+    // Reconnecting from a callback is what watches are for: here, lookups until shutdown
+    // refuses them.
+    for (;;) {
+      try {
+        engine->resolve("busy");
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kCancelled) {
+          refused.fetch_add(1);
+          return;
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return inside.load(); }));
+  engine->shutdown();  // returns once the callback did, having seen the refusal
+  EXPECT_EQ(refused.load(), 1);
+}
+
 }  // namespace
 }  // namespace ferry
