@@ -114,7 +114,10 @@ boot() {
   # round trip. (KVM: /dev/kvm exists on our machines but nested guests hang there.)
   # clocksource=tsc: TCG's emulated HPET, the default, makes every clock_gettime a trap costing
   # tens of microseconds; perftest times with rdtsc, so Ferry must read time as cheaply.
-  timeout -k 10 "$timeout_s" "$qemu" -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m 1024M \
+  # 2 GiB: the initramfs is held twice while it unpacks (the image, then its files), and the
+  # sanitized suite's four binaries alone are ~340 MiB; with 1 GiB unpacking them failed ("write
+  # error") and every test was missing its binary. The host only backs what the guest touches.
+  timeout -k 10 "$timeout_s" "$qemu" -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m 2048M \
       -nographic -no-reboot -serial mon:stdio -nic none -pidfile "$work/qemu.pid" \
       -kernel "$vmlinuz" -initrd "$work/initrd.img" \
       -append "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable" < /dev/null 2>&1 \
