@@ -30,7 +30,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Work
 
 import ferry
-from ferry.errors import ConnectFailed, InvalidArgument, Timeout, Unsupported, WrongPeer
+from ferry._dial import connect_to
+from ferry.errors import ConnectFailed, InvalidArgument, Timeout, Unsupported
 
 BACKEND = "ferry"
 # User tags live below this; collectives use tags with the top bit set and their call's
@@ -130,7 +131,7 @@ class FerryProcessGroup(dist.ProcessGroup):
         ranks = [json.loads(store.get(f"{prefix}rank/{r}")) for r in range(size)]
         self._peers: list[Optional[ferry.Peer]] = [None] * size
         for r in range(rank + 1, size):
-            self._peers[r] = self._connect(ranks[r])
+            self._peers[r] = connect_to(self._engine, ranks[r]["addresses"], ranks[r]["id"])
         by_id = {ranks[r]["id"]: r for r in range(rank)}
         for _ in range(rank):
             peer = self._engine.accept(self._timeout)
@@ -147,20 +148,6 @@ class FerryProcessGroup(dist.ProcessGroup):
         # revoke it under the operation.
         self._in_flight: list[_Work] = []
         self._prune_at = 64  # the list's length that makes the next call drop finished ones
-
-    def _connect(self, info: dict) -> ferry.Peer:
-        last: Optional[BaseException] = None
-        for address in info["addresses"]:
-            try:
-                peer = self._engine.connect(address)
-            except (ConnectFailed, Timeout) as e:
-                last = e  # an interface this host cannot reach: the next one
-                continue
-            if peer.engine_id != info["id"]:
-                peer.close()
-                raise WrongPeer("wrong_peer", f"{address} is not the rank's engine")
-            return peer
-        raise last if last is not None else ConnectFailed("connect_failed", "no address")
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return BACKEND

@@ -38,7 +38,8 @@ from ray.experimental.rdt.tensor_transport_manager import (
 )
 
 import ferry
-from ferry.errors import Unsupported, WrongPeer
+from ferry._dial import connect_to
+from ferry.errors import Unsupported
 
 NAME = "FERRY"
 # Each read waits at most this long (seconds): a producer that died fails the transfer instead of
@@ -72,11 +73,7 @@ class _Process:
             if peer is None or not peer.connected or peer.engine_id != engine_id:
                 if peer is not None:
                     peer.close()  # a producer gone, or another process at its address now
-                peer = self.engine.connect(address)
-                if peer.engine_id != engine_id:
-                    peer.close()
-                    raise WrongPeer(
-                        "wrong_peer", f"{address} is engine {peer.engine_id}, not the producer's")
+                peer = connect_to(self.engine, [address], engine_id)
                 self.peers[address] = peer
             return peer
 

@@ -57,6 +57,14 @@ class Directory : public ::testing::Test {
     Env id("FERRY_TEST_IDENTITY", identity);
     return std::make_unique<test::TargetProcess>(4096, "tcp");
   }
+  // Publishes `engine` as `name` and `memory`, registered with `access`, as its region "kv".
+  static Region publish_with_kv(Engine& engine, const std::string& name,
+                                std::vector<uint8_t>& memory, Access access) {
+    Region region = engine.register_memory(memory.data(), memory.size(), access);
+    engine.publish(name);
+    region.publish("kv");
+    return region;
+  }
   // Polls `done` until it holds or kEventually passes.
   template <typename F>
   static bool eventually(F&& done) {
@@ -125,9 +133,7 @@ void expect_target_pattern(const Peer& peer, Engine& engine, const Descriptor& r
 TEST_F(Directory, APublishedEngineAndRegionAreFoundConnectedAndWrittenByName) {
   Engine target(config());
   std::vector<uint8_t> memory(64 << 10, 0);
-  Region region = target.register_memory(memory.data(), memory.size(), Access::kRemoteReadWrite);
-  target.publish("prefill-0");
-  region.publish("kv");
+  Region region = publish_with_kv(target, "prefill-0", memory, Access::kRemoteReadWrite);
 
   Engine initiator(config());
   NamedEngine found = initiator.resolve("prefill-0");
@@ -284,9 +290,7 @@ TEST_F(Directory, ARestartedEngineTakesItsNameAWatchReportsItAndOldDescriptorsAr
 TEST_F(Directory, ALapsedLeaseIsReplacedAndEveryNamePublishedAgain) {
   Engine target(config());
   std::vector<uint8_t> memory(256);
-  Region region = target.register_memory(memory.data(), memory.size(), Access::kRemoteRead);
-  target.publish("phoenix");
-  region.publish("kv");
+  Region region = publish_with_kv(target, "phoenix", memory, Access::kRemoteRead);
   // Revoking the lease behind the engine's back removes its entries, as an outage longer than
   // the TTL does.
   core::EtcdClient etcd = etcd_->client();
@@ -310,9 +314,7 @@ TEST_F(Directory, ALapsedLeaseIsReplacedAndEveryNamePublishedAgain) {
 TEST_F(Directory, EtcdDownLeavesTransfersAloneFailsLookupsClearlyAndComesBack) {
   Engine target(config());
   std::vector<uint8_t> memory(4096);
-  Region region = target.register_memory(memory.data(), memory.size(), Access::kRemoteReadWrite);
-  target.publish("steady");
-  region.publish("kv");
+  Region region = publish_with_kv(target, "steady", memory, Access::kRemoteReadWrite);
   Engine initiator(config());
   Peer peer = initiator.connect_named("steady");
   Descriptor kv = peer.region_named("kv");
