@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: test-ray python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: test-gpu test-ray python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -147,6 +147,15 @@ test-browser: deps-test
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q pytest selenium prometheus_client
 	FERRY=build/release/tools/ferry FERRY_ARTIFACTS=build $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/browser
+
+# The CUDA suite (tests/cuda) against the real driver, on a machine with a GPU: make test runs it
+# against the stand-in (docs/gpu.md). Refuses to start where no CUDA driver answers.
+test-gpu: deps-test
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cli ferry_cuda_tests
+	build/release/tools/ferry info | grep -A9 '^gpus (CUDA driver' || \
+	  { echo "test-gpu: no CUDA driver here (ferry info says why)"; exit 1; }
+	build/release/tests/ferry_cuda_tests
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test

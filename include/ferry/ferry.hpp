@@ -71,6 +71,7 @@ class FERRY_API Descriptor {
   uint64_t length = 0;
   Access access = Access::kLocal;
   MemoryKind memory = MemoryKind::kHost;  // routing takes a channel that moves this kind
+  uint8_t memory_device = 0;              // the CUDA device ordinal of CUDA memory
   uint8_t key_count = 0;
   Key keys[kMaxKeys] = {};
   std::vector<MoreKey> more_keys;  // empty unless more than kMaxKeys keys or a long one
@@ -105,9 +106,12 @@ class FERRY_API Region {
   Region& operator=(const Region&) = delete;
   ~Region();
 
+  // For CUDA memory a device pointer, which host code must not dereference.
   void* data() const noexcept;
   std::size_t size() const noexcept;
   Access access() const noexcept;
+  // Host memory or a CUDA device's, as the driver reported it for data().
+  Memory location() const noexcept;
   bool valid() const noexcept { return record_ != nullptr; }
   Descriptor descriptor() const;
   void deregister();
@@ -119,8 +123,8 @@ class FERRY_API Region {
   void publish(std::string_view name) const;
   // Memory from Engine::allocate, kept mapped while the returned handle lives, even past
   // deregistration (for views of it, such as Python's arrays); null for register_memory's
-  // regions. After deregistration it is this process's alone: the peers' access is revoked, and
-  // a peer that never gave back its mapping no longer shares its pages.
+  // regions and for CUDA memory. After deregistration it is this process's alone: the peers' access
+  // is revoked, and a peer that never gave back its mapping no longer shares its pages.
   std::shared_ptr<void> memory() const;
 
  private:
@@ -355,6 +359,9 @@ class FERRY_API Engine {
   // `keep_alive` (optional) is held until the registration has ended: dropped after the region's
   // deregistration, on the thread that ended it (which, for a Region dropped in a callback, is
   // not the caller's). What owns the memory can hang on it (Python's buffer exports do).
+  // `data` may be a CUDA device pointer: the driver (libcuda.so.1, loaded at the first
+  // registration where it is installed) says which device holds it, and [data, data + length)
+  // must lie within one of its allocations.
   Region register_memory(void* data, std::size_t length, Access access,
                          std::shared_ptr<void> keep_alive = nullptr);
   // A registered region of `length` bytes whose memory the engine allocates and frees once the
@@ -362,7 +369,9 @@ class FERRY_API Engine {
   // page-aligned, and from 2 MiB up in huge pages where the host has them. It is an anonymous
   // memory file mapped shared, which a same-host transport can hand to a peer to map. Errors name
   // the failed call (kResourceExhausted when memory runs out, kInvalidArgument for zero length).
-  Region allocate(std::size_t length, Access access);
+  // Memory::cuda(device) allocates on that GPU instead (cuMemAlloc, zeroed; kUnsupported without
+  // a CUDA driver, saying why).
+  Region allocate(std::size_t length, Access access, Memory memory = Memory::host());
 
   // Connects to the engine at "host:port", within Config::connect_timeout. A stop requested on
   // `stop` meanwhile (another thread, a signal's handler thread) ends it with kCancelled, as
@@ -421,6 +430,8 @@ class FERRY_API Engine {
 
   // Transports compiled in and whether they are usable on this host.
   static std::vector<TransportInfo> transports();
+  // The CUDA driver and the GPUs it sees (the driver is loaded on first use; none is needed).
+  static CudaInfo gpus();
   // `config` as an engine built from it uses it: the FERRY_TRANSPORTS environment variable, when
   // set and Config::transports_from_environment allows it, replaces Config::transports with the
   // transports it names, comma-separated, best first ("shm,tcp"), so that an operator can order

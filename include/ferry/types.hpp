@@ -39,14 +39,24 @@ FERRY_API std::string_view to_string(TransportKind kind) noexcept;
 // The kind to_string() names `name`; none for a name no transport has.
 FERRY_API std::optional<TransportKind> transport_named(std::string_view name) noexcept;
 
-// Where a region's bytes live. Every region is host memory today; device memory (CUDA) is
-// what the route table (Peer::routes) is shaped for next.
+// Where a region's bytes live: routing (Peer::routes) picks a channel that moves both ends' kinds.
 enum class MemoryKind : uint8_t {
   kHost = 0,
   kCuda = 1,
 };
 constexpr int kMemoryKinds = 2;
 FERRY_API std::string_view to_string(MemoryKind kind) noexcept;
+
+// A kind of memory and, for CUDA memory, its device (Engine::allocate, Region::location).
+struct Memory {
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;  // the CUDA device ordinal
+  static constexpr Memory host() { return {}; }
+  static constexpr Memory cuda(int device = 0) { return {MemoryKind::kCuda, device}; }
+  friend constexpr bool operator==(const Memory&, const Memory&) = default;
+};
+// "host", "cuda:1"
+FERRY_API std::string to_string(const Memory& memory);
 
 // How far a peer is from this engine, as the handshake proved it (same kernel boot and the same
 // process and network namespaces make the same host).
@@ -75,6 +85,26 @@ struct TransportInfo {
   bool usable = false;
   std::string detail{};                // why not, or what it found
   std::vector<std::string> devices{};  // e.g. "rxe0 port 1: Ethernet, mtu 1024, gid[1] ..."
+};
+
+// What Engine::gpus() reports of one CUDA device.
+struct GpuInfo {
+  int ordinal = 0;
+  std::string name{};
+  std::string pci{};  // "0000:19:00.0"
+  uint64_t memory_bytes = 0;
+  bool vmm_posix_fd = false;    // VMM allocations export as POSIX file descriptors
+  bool gpudirect_rdma = false;  // the device supports GPUDirect RDMA (peer memory)
+  bool dmabuf = false;          // its memory can be exported as a dmabuf
+};
+
+// What Engine::gpus() reports of CUDA on this host.
+struct CudaInfo {
+  bool driver = false;     // libcuda.so.1 loaded and cuInit succeeded
+  std::string why{};       // why not
+  int driver_version = 0;  // 12040 is 12.4
+  std::vector<GpuInfo> gpus{};
+  bool peer_memory_module = false;  // nvidia-peermem (or nv_peer_mem) is loaded
 };
 
 // How a peer's writes or messages of one size class went lately, where its channel copies

@@ -95,6 +95,12 @@ std::string_view to_string(MemoryKind kind) noexcept {
   return "unknown";
 }
 
+std::string to_string(const Memory& memory) {
+  std::string out(to_string(memory.kind));
+  if (memory.kind == MemoryKind::kCuda) out += ":" + std::to_string(memory.device);
+  return out;
+}
+
 namespace core {
 
 Status sys_status(std::string_view call, int err, ErrorCode code) {

@@ -11,7 +11,8 @@ namespace {
 constexpr uint8_t kDescriptorMagic0 = 'F';
 constexpr uint8_t kDescriptorMagic1 = 'D';
 // 2: a device per key, the memory kind, up to kMaxAllKeys keys of up to 255 bytes.
-constexpr uint8_t kDescriptorVersion = 2;
+// 3: the CUDA device of CUDA memory.
+constexpr uint8_t kDescriptorVersion = 3;
 constexpr std::string_view kTextPrefix = "ferry1:";  // the text form's own version
 constexpr std::size_t kMaxKeyBytes = 255;
 
@@ -84,6 +85,7 @@ std::vector<uint8_t> Descriptor::encode() const {
   w.u64(length);
   w.u8(static_cast<uint8_t>(access));
   w.u8(static_cast<uint8_t>(memory));
+  w.u8(memory_device);
   w.u8(static_cast<uint8_t>(key_count + more_keys.size()));
   auto put = [&](TransportKind transport, uint8_t device, std::span<const uint8_t> bytes) {
     w.u8(static_cast<uint8_t>(transport));
@@ -124,6 +126,9 @@ Descriptor Descriptor::decode(std::span<const uint8_t> bytes) {
   if (r.ok() && memory >= kMemoryKinds)
     throw bad_descriptor("unknown memory kind " + std::to_string(memory));
   d.memory = static_cast<MemoryKind>(memory);
+  d.memory_device = r.u8();
+  if (r.ok() && d.memory == MemoryKind::kHost && d.memory_device != 0)
+    throw bad_descriptor("a device for host memory");
   uint8_t count = r.u8();
   if (count > kMaxAllKeys) throw bad_descriptor("too many keys");
   for (int i = 0; i < count && r.ok(); ++i) {

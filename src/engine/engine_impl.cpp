@@ -12,6 +12,7 @@
 #include "core/base64.hpp"
 #include "core/callback_scope.hpp"
 #include "core/crypto.hpp"
+#include "core/cuda.hpp"
 #include "core/cycle_clock.hpp"
 #include "core/log.hpp"
 #include "core/sys.hpp"
@@ -276,11 +277,74 @@ Region EngineImpl::register_memory(void* data, std::size_t length, Access access
   rec->base = static_cast<uint8_t*>(data);
   rec->length = length;
   rec->keep_alive = std::move(keep_alive);
+  core::cuda::PointerInfo where = core::cuda::pointer_info(data);
+  if (where.device) {
+    auto start = reinterpret_cast<uint64_t>(data);
+    if (start - where.range_start > where.range_size ||
+        length > where.range_size - (start - where.range_start)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "register_memory: " + std::to_string(length) + " bytes from a pointer " +
+                      std::to_string(start - where.range_start) +
+                      " bytes into a CUDA allocation of " + std::to_string(where.range_size) +
+                      " bytes run past its end");
+    }
+    rec->memory = Memory::cuda(where.ordinal);
+  }
   return add_region(std::move(rec), access);
 }
 
-Region EngineImpl::allocate(std::size_t length, Access access) {
+namespace {
+// Frees Engine::allocate's CUDA memory with the region record, in its device's context.
+struct CudaAllocation {
+  const core::cuda::Driver* driver;
+  int device;
+  core::cuda::CUdeviceptr pointer;
+  CudaAllocation(const core::cuda::Driver* d, int dev, core::cuda::CUdeviceptr p)
+      : driver(d), device(dev), pointer(p) {}
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  ~CudaAllocation() {
+    try {
+      core::cuda::use_device(*driver, device);
+      Status s = driver->status(driver->mem_free(pointer), "cuMemFree");
+      if (!s.ok()) throw Error(s);
+    } catch (const Error& e) {
+      core::log(LogLevel::kError, "engine", [&] { return std::string(e.what()); });
+    }
+  }
+};
+}  // namespace
+
+Region EngineImpl::allocate_cuda(std::size_t length, Access access, int device) {
+  std::string where =
+      "allocate " + std::to_string(length) + " bytes on " + to_string(Memory::cuda(device));
+  if (length == 0) throw Error(ErrorCode::kInvalidArgument, where + ": zero length");
+  std::string why;
+  const core::cuda::Driver* driver = core::cuda::Driver::get(&why);
+  if (driver == nullptr) throw Error(ErrorCode::kUnsupported, where + ": " + why);
+  auto fail = [&](const Error& e) { return Error(e.code(), where + ": " + e.status().message()); };
+  std::shared_ptr<CudaAllocation> memory;
+  try {
+    core::cuda::use_device(*driver, device);
+    core::cuda::CUdeviceptr pointer = 0;
+    driver->check(driver->mem_alloc(&pointer, length), "cuMemAlloc");
+    memory = std::make_shared<CudaAllocation>(driver, device, pointer);
+    driver->check(driver->memset_d8(pointer, 0, length), "cuMemsetD8");
+  } catch (const Error& e) {
+    throw fail(e);
+  }
+  auto rec = std::make_shared<RegionRecord>();
+  // A device address, never dereferenced here: the CUDA paths hand it back to the driver.
+  rec->base = reinterpret_cast<uint8_t*>(memory->pointer);  // NOLINT(performance-no-int-to-ptr)
+  rec->length = length;
+  rec->memory = Memory::cuda(device);
+  rec->keep_alive = std::move(memory);
+  return add_region(std::move(rec), access);
+}
+
+Region EngineImpl::allocate(std::size_t length, Access access, Memory memory) {
   check_registration("allocate", access);
+  if (memory.kind == MemoryKind::kCuda) return allocate_cuda(length, access, memory.device);
   auto rec = std::make_shared<RegionRecord>();
   rec->owned = std::make_shared<core::SharedMemory>();
   // Memory no peer may write is sealed so that the kernel, not only our checks, refuses writes:
@@ -300,8 +364,8 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
   rec->engine = shared_from_this();
   rec->access = access;
   rec->key = nonzero_random();
-  rec->id =
-      regions_.insert(rec->base, length, access, rec->key, rec->owned ? rec->owned->fd() : -1);
+  rec->id = regions_.insert(rec->base, length, access, rec->key, rec->owned ? rec->owned->fd() : -1,
+                            rec->memory.kind);
 
   Descriptor& d = rec->descriptor;
   d.engine_id = id;
@@ -310,7 +374,13 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
   d.address = reinterpret_cast<uint64_t>(rec->base);
   d.length = length;
   d.access = access;
+  d.memory = rec->memory.kind;
+  d.memory_device = static_cast<uint8_t>(rec->memory.device);
   for (auto& t : transports_) {
+    // A transport registers only the memory it moves: the descriptor has no key of the others,
+    // so no peer routes that memory to them.
+    const transport::TransportEntry* entry = transport::find_transport(t->kind());
+    if (entry == nullptr || (entry->memory & transport::memory_bit(d.memory)) == 0) continue;
     DescriptorKeys keys(d, t->kind());
     Status s = t->register_region(rec->id, rec->base, length, access, rec->key, keys);
     if (!s.ok()) {

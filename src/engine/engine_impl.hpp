@@ -43,12 +43,14 @@ struct RegionRecord {
   uint8_t* base = nullptr;
   uint64_t length = 0;
   Access access = Access::kLocal;
+  Memory memory;
   Descriptor descriptor;
   std::atomic<bool> registered{true};
   // Engine::allocate's memory: freed with the record, after the region was deregistered,
   // unless Region::memory() handles keep it (detached from its file then).
   std::shared_ptr<core::SharedMemory> owned;
-  // Engine::register_memory's keep_alive: goes with the record, after deregistration.
+  // Engine::register_memory's keep_alive, or Engine::allocate's CUDA memory: goes with the
+  // record, after deregistration.
   std::shared_ptr<void> keep_alive;
 };
 
@@ -78,7 +80,8 @@ class EngineImpl final : public transport::Host,
 
   Region register_memory(void* data, std::size_t length, Access access,
                          std::shared_ptr<void> keep_alive);
-  Region allocate(std::size_t length, Access access);
+  Region allocate(std::size_t length, Access access, Memory memory);
+  Region allocate_cuda(std::size_t length, Access access, int device);
   void deregister(RegionRecord& record);
   Peer connect(std::string_view host_port, const std::stop_token& stop);
   std::optional<Peer> accept(Duration timeout);

@@ -3,6 +3,7 @@
 #include <system_error>
 
 #include "core/callback_scope.hpp"
+#include "core/cuda.hpp"
 #include "core/fork.hpp"
 #include "core/sys.hpp"
 #include "engine/engine_impl.hpp"
@@ -42,6 +43,7 @@ void Region::release() noexcept {
 void* Region::data() const noexcept { return record_ ? record_->base : nullptr; }
 std::size_t Region::size() const noexcept { return record_ ? record_->length : 0; }
 Access Region::access() const noexcept { return record_ ? record_->access : Access::kLocal; }
+Memory Region::location() const noexcept { return record_ ? record_->memory : Memory::host(); }
 Descriptor Region::descriptor() const {
   if (!record_) throw Error(ErrorCode::kInvalidArgument, "descriptor: empty region");
   return record_->descriptor;
@@ -225,8 +227,8 @@ Region Engine::register_memory(void* data, std::size_t length, Access access,
   return usable(impl_, "Engine::register_memory")
       .register_memory(data, length, access, std::move(keep_alive));
 }
-Region Engine::allocate(std::size_t length, Access access) {
-  return usable(impl_, "Engine::allocate").allocate(length, access);
+Region Engine::allocate(std::size_t length, Access access, Memory memory) {
+  return usable(impl_, "Engine::allocate").allocate(length, access, memory);
 }
 void Engine::publish(std::string_view name) {
   usable(impl_, "Engine::publish").directory("publish").publish_engine(name);
@@ -272,6 +274,8 @@ std::vector<TransportInfo> Engine::transports() {
     out.push_back(entry->describe());
   return out;
 }
+
+CudaInfo Engine::gpus() { return core::cuda::inventory(); }
 
 Config Engine::with_environment(const Config& config) { return detail::apply_environment(config); }
 

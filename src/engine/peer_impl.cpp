@@ -330,18 +330,22 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
                                             uint64_t& slices, uint64_t& total) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
-  // Routed by the first entry's remote memory; an entry of another kind that the channel
+  // Routed by the first entry's memory at both ends; an entry of another kind that the channel
   // cannot move is refused, or moves the batch (reroute), as a missing key does.
   MemoryKind remote_memory =
       !batch.empty() && batch[0].remote != nullptr ? batch[0].remote->memory : MemoryKind::kHost;
+  MemoryKind local_memory = !batch.empty() && batch[0].local != nullptr
+                                ? batch[0].local->location().kind
+                                : MemoryKind::kHost;
   std::span<const uint8_t> order =
-      routes.table.order(one_sided_class(*op), MemoryKind::kHost, remote_memory);
+      routes.table.order(one_sided_class(*op), local_memory, remote_memory);
   if (order.empty()) [[unlikely]] {
     return finish_now(
-        op, {ErrorCode::kUnsupported, std::string(op_name(op->kind, op->with_imm)) +
-                                          ": no channel of the peer carries it from host to " +
-                                          std::string(to_string(remote_memory)) +
-                                          " memory (Peer::routes says why)"});
+        op,
+        {ErrorCode::kUnsupported,
+         std::string(op_name(op->kind, op->with_imm)) +
+             ": no channel of the peer carries it from " + std::string(to_string(local_memory)) +
+             " to " + std::string(to_string(remote_memory)) + " memory (Peer::routes says why)"});
   }
   op->channel = order[0];
   Via via = this->via(op->channel);  // a copy the loop keeps in registers

@@ -8,7 +8,7 @@ namespace ferry::transport {
 RegionTable::RegionTable() : slots_(new RegionSlot[kMaxRegions]) {}
 
 uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint64_t key,
-                             int backing_fd) {
+                             int backing_fd, MemoryKind memory) {
   uint32_t index;
   {
     std::lock_guard lock(mu_);
@@ -31,6 +31,7 @@ uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint
   slot.access = access;
   slot.key = key;
   slot.backing_fd = backing_fd;
+  slot.memory = memory;
   slot.id.store(id);
   slot.state.store(RegionSlot::kActive);
   return id;
@@ -84,6 +85,9 @@ Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t
     case ErrorCode::kPermissionDenied:
       return {ErrorCode::kPermissionDenied, region + " does not grant remote " +
                                                 (wanted == Access::kRemoteRead ? "read" : "write")};
+    case ErrorCode::kUnsupported:
+      return {ErrorCode::kUnsupported, region + " holds " + std::string(to_string(slot.memory)) +
+                                           " memory, which this transport does not move"};
     default:
       return {ErrorCode::kOutOfBounds, region + ": offset " + std::to_string(offset) +
                                            " + length " + std::to_string(length) +

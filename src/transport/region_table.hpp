@@ -32,6 +32,9 @@ struct RegionSlot {
   // The memory file holding exactly this region (Engine::allocate), which a same-host transport
   // may lend to a peer to map; -1 for memory the engine did not allocate.
   int backing_fd = -1;
+  // Only host memory is reached through `base` by the CPU: a slot of CUDA memory refuses every
+  // host-path access, whatever a peer asks for.
+  MemoryKind memory = MemoryKind::kHost;
 };
 
 // The outcome of validating one access; holds a use of the region until released.
@@ -77,7 +80,8 @@ class RegionTable {
   RegionTable();
 
   // Returns the new region's id, or throws kResourceExhausted.
-  uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key, int backing_fd = -1);
+  uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key, int backing_fd = -1,
+                  MemoryKind memory = MemoryKind::kHost);
   // Revokes the region and waits until no access to it is in progress. `revoked` runs once the
   // region refuses new accesses, before the wait: holders that keep a use until asked (a peer's
   // mapping) are asked then. If accesses are still going after `patience`, `cut_off` runs once
@@ -123,6 +127,7 @@ class RegionTable {
     if (slot.key != key) return ErrorCode::kWrongKey;
     if (!allows(slot.access, wanted)) return ErrorCode::kPermissionDenied;
     if (offset > slot.length || length > slot.length - offset) return ErrorCode::kOutOfBounds;
+    if (slot.memory != MemoryKind::kHost) return ErrorCode::kUnsupported;
     return ErrorCode::kOk;
   }
 

@@ -194,7 +194,7 @@ TEST(Cli, Info) {
             "\"host\",\"remote\":\"host\",\"transport\":\""),
         std::string("\"other host\":[{\"operations\":\"write/read\""),
         std::string("}]},\"settings\":[{\"name\":\"tcp.streams\","),
-        std::string("}],\"interfaces\":[{\"name\":\""),
+        std::string("}],\"cuda\":{\"driver\":"), std::string("]},\"interfaces\":[{\"name\":\""),
         std::string("\"address\":\"127.0.0.1\",\"up\":true}")}) {
     EXPECT_NE(json.find(part), std::string::npos) << part << "\n" << json;
   }

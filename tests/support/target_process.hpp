@@ -21,34 +21,49 @@ extern char** environ;
 
 namespace ferry::test {
 
+// A child process whose stdin and stdout are pipes to us.
+struct PipedChild {
+  pid_t pid = -1;
+  int to_stdin = -1;     // ours to write and close
+  int from_stdout = -1;  // ours to read and close
+};
+// Starts `path` with `argv` (argv[0] first, null-terminated); throws naming `path` on failure.
+inline PipedChild spawn_piped(const char* path, char* const argv[]) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  PipedChild child;
+  int spawned = posix_spawn(&child.pid, path, &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (spawned != 0) {
+    close(in[1]);
+    close(out[0]);
+    throw std::runtime_error(std::string("posix_spawn ") + path);
+  }
+  child.to_stdin = in[1];
+  child.from_stdout = out[0];
+  return child;
+}
+
 // The target process, its address and descriptor; stdin closed or SIGKILL ends it.
 struct TargetProcess {
   // `transports`: the target's, by name, comma-separated (empty: the default ones).
   explicit TargetProcess(std::size_t size, std::string transports = {}) {
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
     std::string size_arg = std::to_string(size);
     std::string host_arg = "127.0.0.1";
     char* argv[] = {const_cast<char*>(FERRY_TEST_TARGET_PATH), size_arg.data(), host_arg.data(),
                     transports.empty() ? nullptr : transports.data(), nullptr};
-    int spawned = posix_spawn(&pid, FERRY_TEST_TARGET_PATH, &fa, nullptr, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(in[0]);
-    close(out[1]);
-    if (spawned != 0) {
-      close(in[1]);
-      close(out[0]);
-      pid = -1;
-      throw std::runtime_error(std::string("posix_spawn ") + FERRY_TEST_TARGET_PATH);
-    }
-    stdin_fd = in[1];
-    FILE* f = fdopen(out[0], "r");
+    PipedChild child = spawn_piped(FERRY_TEST_TARGET_PATH, argv);
+    pid = child.pid;
+    stdin_fd = child.to_stdin;
+    FILE* f = fdopen(child.from_stdout, "r");
     char line[4096];
     while (fgets(line, sizeof line, f) != nullptr) {
       std::string s(line);

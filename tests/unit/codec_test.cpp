@@ -483,7 +483,8 @@ Descriptor sample_descriptor() {
 // Offsets in the binary form (docs/protocol.md).
 constexpr std::size_t kAccessAt = 2 + 1 + 8 + 8 + 4 + 8 + 8;
 constexpr std::size_t kMemoryAt = kAccessAt + 1;
-constexpr std::size_t kKeyCountAt = kMemoryAt + 1;
+constexpr std::size_t kMemoryDeviceAt = kMemoryAt + 1;
+constexpr std::size_t kKeyCountAt = kMemoryDeviceAt + 1;
 constexpr std::size_t kFirstKeyAt = kKeyCountAt + 1;
 
 TEST(Descriptor, RoundTripsBinaryAndText) {
@@ -533,6 +534,9 @@ TEST(Descriptor, RejectsMalformedInput) {
   auto memory = good;
   memory[kMemoryAt] = kMemoryKinds;
   EXPECT_EQ(decode_error(memory), ErrorCode::kInvalidArgument);
+  auto host_device = good;  // good is host memory, which has no device
+  host_device[kMemoryDeviceAt] = 1;
+  EXPECT_EQ(decode_error(host_device), ErrorCode::kInvalidArgument);
   auto too_many = good;
   too_many[kKeyCountAt] = Descriptor::kMaxAllKeys + 1;
   EXPECT_EQ(decode_error(too_many), ErrorCode::kInvalidArgument);
@@ -550,11 +554,15 @@ TEST(Descriptor, RejectsMalformedInput) {
   auto version1 = good;
   version1[2] = 1;  // before devices and memory kinds
   EXPECT_EQ(decode_error(version1), ErrorCode::kVersionMismatch);
+  auto version2 = good;
+  version2[2] = 2;  // before the memory's device
+  EXPECT_EQ(decode_error(version2), ErrorCode::kVersionMismatch);
 }
 
 TEST(Descriptor, CarriesAKeyPerDeviceAndKeysBeyondTheInlineOnes) {
   Descriptor d = sample_descriptor();
   d.memory = MemoryKind::kCuda;
+  d.memory_device = 7;
   // Verbs on three more devices, and a 64-byte key (as a CUDA IPC handle is).
   for (uint8_t device = 1; device <= 3; ++device)
     d.add_key(TransportKind::kVerbs, device, std::vector<uint8_t>{device, 0, 0, 0});
@@ -570,6 +578,7 @@ TEST(Descriptor, CarriesAKeyPerDeviceAndKeysBeyondTheInlineOnes) {
 
   Descriptor back = Descriptor::parse(d.to_string());
   EXPECT_EQ(back.memory, MemoryKind::kCuda);
+  EXPECT_EQ(back.memory_device, 7);
   EXPECT_EQ(back.encode(), d.encode());
   for (uint8_t device = 0; device <= 3; ++device) {
     std::span<const uint8_t> key = back.find_key(TransportKind::kVerbs, device);

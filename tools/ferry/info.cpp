@@ -43,6 +43,49 @@ std::string transport_text(const RouteInfo& r) {
   return r.transport ? std::string(to_string(*r.transport)) : std::string("none");
 }
 
+// How a NIC could reach the GPU's memory directly (GPUDirect RDMA), or why it cannot.
+std::string gpudirect_text(const GpuInfo& g, const CudaInfo& cuda) {
+  if (g.dmabuf) return "dmabuf";
+  if (g.gpudirect_rdma && cuda.peer_memory_module) return "peer memory (nvidia-peermem)";
+  if (g.gpudirect_rdma) return "no: nvidia-peermem is not loaded and the GPU exports no dmabuf";
+  return "no: the GPU does not support it";
+}
+
+std::string driver_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+std::string cuda_json(const CudaInfo& cuda) {
+  std::string out = std::string("{\"driver\":") + json_bool(cuda.driver) +
+                    ",\"why\":" + json_string(cuda.why) + ",\"driver_version\":" +
+                    json_string(cuda.driver ? driver_version_text(cuda.driver_version) : "") +
+                    ",\"peer_memory_module\":" + json_bool(cuda.peer_memory_module) + ",\"gpus\":[";
+  for (std::size_t i = 0; i < cuda.gpus.size(); ++i) {
+    const GpuInfo& g = cuda.gpus[i];
+    out += std::string(i ? "," : "") + "{\"ordinal\":" + std::to_string(g.ordinal) +
+           ",\"name\":" + json_string(g.name) + ",\"pci\":" + json_string(g.pci) +
+           ",\"memory_bytes\":" + std::to_string(g.memory_bytes) +
+           ",\"vmm_posix_fd\":" + json_bool(g.vmm_posix_fd) +
+           ",\"gpudirect_rdma\":" + json_string(gpudirect_text(g, cuda)) + "}";
+  }
+  return out + "]}";
+}
+
+void print_gpus(const CudaInfo& cuda) {
+  if (!cuda.driver) {
+    std::cout << "\ngpus: none (" << cuda.why << ")\n";
+    return;
+  }
+  std::cout << "\ngpus (CUDA driver " << driver_version_text(cuda.driver_version)
+            << "):" << (cuda.gpus.empty() ? " none" : "") << "\n";
+  for (const GpuInfo& g : cuda.gpus) {
+    std::cout << "  " << g.ordinal << "  " << g.name << "  " << g.pci << "  "
+              << g.memory_bytes / (1U << 20)
+              << " MiB  VMM handles as file descriptors: " << (g.vmm_posix_fd ? "yes" : "no")
+              << "  GPUDirect RDMA: " << gpudirect_text(g, cuda) << "\n";
+  }
+}
+
 // The routes an engine with the default configuration would take, by the peer's reach.
 constexpr Reach kShownReach[] = {Reach::kSameHost, Reach::kOtherHost};
 
@@ -81,7 +124,7 @@ void print_json(const std::vector<TransportInfo>& transports,
            ",\"environment\":" + json_string(s.environment) + ",\"help\":" + json_string(s.help) +
            "}";
   }
-  out += "],\"interfaces\":[";
+  out += "],\"cuda\":" + cuda_json(Engine::gpus()) + ",\"interfaces\":[";
   for (std::size_t i = 0; i < interfaces.size(); ++i) {
     const auto& a = interfaces[i];
     out += std::string(i ? "," : "") + "{\"name\":" + json_string(a.name) +
@@ -156,6 +199,7 @@ void print_text(const std::vector<TransportInfo>& transports,
   }
   std::cout << "\nrdma devices:" << (rdma_devices.empty() ? " none" : "") << "\n";
   for (const auto& d : rdma_devices) std::cout << "  " << d << "\n";
+  print_gpus(Engine::gpus());
 }
 
 }  // namespace

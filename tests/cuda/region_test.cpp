@@ -1,0 +1,131 @@
+// CUDA memory as the engine registers it: the kind and device found from the pointer, engine
+// allocations on a device, descriptors carrying them, what no transport moves refused with the
+// reason, and ferry info listing the GPUs.
+#include <gtest/gtest.h>
+
+#include "cuda_test_support.hpp"
+#include "support/cli_process.hpp"
+#include "transport/region_table.hpp"
+
+namespace ferry::test {
+namespace {
+
+TEST(CudaRegion, DevicePointerRegistersAsCudaMemoryOfItsDevice) {
+  DeviceBuffer buf(1 << 20);
+  Engine engine(test_config());
+  Region r = engine.register_memory(static_cast<char*>(buf.pointer()) + 100, 4096,
+                                    Access::kRemoteReadWrite);
+  EXPECT_EQ(r.location(), Memory::cuda(0));
+  Descriptor d = Descriptor::parse(r.descriptor().to_string());
+  EXPECT_EQ(d.memory, MemoryKind::kCuda);
+  EXPECT_EQ(d.memory_device, 0);
+  // No transport of this build moves CUDA memory yet: none adds a key a peer could use.
+  EXPECT_EQ(d.key_count + d.more_keys.size(), 0u);
+
+  std::vector<uint8_t> host(4096);
+  EXPECT_EQ(engine.register_memory(host.data(), host.size(), Access::kLocal).location(),
+            Memory::host());
+}
+
+TEST(CudaRegion, RegistrationPastTheAllocationsEndIsRefused) {
+  DeviceBuffer buf(1 << 16);
+  Engine engine(test_config());
+  try {
+    engine.register_memory(static_cast<char*>(buf.pointer()) + 4096, buf.size(), Access::kLocal);
+    FAIL() << "registered past the allocation";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("run past its end"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaRegion, AllocateOnADeviceGivesZeroedDeviceMemoryFreedWithTheRegion) {
+  if (Engine::gpus().gpus.size() < 2) GTEST_SKIP() << "needs two GPUs";
+  Engine engine(test_config());
+  Region r = engine.allocate(3 * 4096 + 5, Access::kRemoteWrite, Memory::cuda(1));
+  EXPECT_EQ(r.location(), Memory::cuda(1));
+  EXPECT_EQ(r.descriptor().memory_device, 1);
+  EXPECT_EQ(r.memory(), nullptr);  // no host view of device memory
+  auto where = core::cuda::pointer_info(r.data());
+  EXPECT_TRUE(where.device);
+  EXPECT_EQ(where.ordinal, 1);
+  const auto& d = driver();
+  std::vector<uint8_t> out(r.size(), 0xee);
+  FERRY_CU_OK(d.memcpy(reinterpret_cast<cuda::CUdeviceptr>(out.data()),
+                       reinterpret_cast<cuda::CUdeviceptr>(r.data()), out.size()));
+  EXPECT_EQ(out, std::vector<uint8_t>(r.size(), 0));
+  auto pointer = reinterpret_cast<cuda::CUdeviceptr>(r.data());
+  r.deregister();
+  r = Region();
+  EXPECT_EQ(error_name(d.mem_get_address_range(nullptr, nullptr, pointer)), "CUDA_ERROR_NOT_FOUND");
+}
+
+TEST(CudaRegion, AllocateOnAMissingDeviceNamesTheCall) {
+  Engine engine(test_config());
+  try {
+    engine.allocate(4096, Access::kLocal, Memory::cuda(63));
+    FAIL() << "allocated on a device that does not exist";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("cuda:63"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CUDA_ERROR_INVALID_DEVICE"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CudaRegion, OperationsNoChannelMovesFailWithTheReason) {
+  Pair p;
+  Region device = p.initiator.allocate(1 << 16, Access::kRemoteReadWrite, Memory::cuda(0));
+  Region target_device = p.target.allocate(1 << 16, Access::kRemoteReadWrite, Memory::cuda(0));
+  Buffer host(p.initiator, 1 << 16, Access::kLocal, 1);
+  Buffer target_host(p.target, 1 << 16, Access::kRemoteReadWrite, 2);
+  Descriptor to_host = target_host.region.descriptor();
+  Descriptor to_device = target_device.descriptor();
+
+  auto write = [&](const Region& local, const Descriptor& remote) {
+    Transfer t{&local, 0, &remote, 0, 4096};
+    return p.peer.write({&t, 1}).wait(kWait);
+  };
+  Status s = write(device, to_host);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("from cuda to host memory"), std::string::npos) << s.to_string();
+  s = write(host.region, to_device);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("from host to cuda memory"), std::string::npos) << s.to_string();
+  // The host path still works beside them.
+  ASSERT_TRUE(write(host.region, to_host).ok());
+  EXPECT_EQ(std::vector<uint8_t>(target_host.bytes.begin(), target_host.bytes.begin() + 4096),
+            std::vector<uint8_t>(host.bytes.begin(), host.bytes.begin() + 4096));
+}
+
+// Whatever a peer asks, the CPU paths never touch a slot of device memory.
+TEST(CudaRegion, RegionTableRefusesHostAccessToDeviceMemory) {
+  DeviceBuffer buf(4096);
+  transport::RegionTable table;
+  uint32_t id = table.insert(static_cast<uint8_t*>(buf.pointer()), 4096, Access::kRemoteReadWrite,
+                             42, -1, MemoryKind::kCuda);
+  uint8_t* addr = nullptr;
+  EXPECT_EQ(table.try_acquire(id, 42, 0, 8, Access::kRemoteWrite, &addr), nullptr);
+  transport::RegionUse use;
+  Status s = table.acquire(id, 42, 0, 8, Access::kRemoteRead, &addr, use);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.message().find("holds cuda memory"), std::string::npos) << s.to_string();
+  table.revoke(
+      id, std::chrono::seconds(1), [] {}, [] {});
+}
+
+TEST(CudaRegion, FerryInfoListsTheGpus) {
+  CudaInfo cuda = Engine::gpus();
+  ASSERT_TRUE(cuda.driver) << cuda.why;
+  ASSERT_FALSE(cuda.gpus.empty());
+  std::string out;
+  EXPECT_EQ(run("info", out), 0) << out;
+  EXPECT_NE(out.find("gpus (CUDA driver "), std::string::npos) << out;
+  for (const GpuInfo& g : cuda.gpus) EXPECT_NE(out.find(g.name), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run("info --json", out), 0) << out;
+  EXPECT_NE(out.find("\"cuda\":{\"driver\":true"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ferry::test
