@@ -20,6 +20,7 @@ using Duration = std::chrono::nanoseconds;
 inline std::vector<TransportKind> default_transports() {
   std::vector<TransportKind> t;
   t.push_back(TransportKind::kShm);
+  t.push_back(TransportKind::kCudaIpc);
   t.push_back(TransportKind::kVerbs);
   t.push_back(TransportKind::kTcp);
   return t;

@@ -194,25 +194,23 @@ CudaInfo inventory() {
   return inv;
 }
 
-void use_device(const Driver& driver, int device) {
-  // Primary contexts are retained once per device and kept: releasing one tears down every
-  // allocation made in it, which other regions of this process may still hold.
+CUcontext primary_context(const Driver& driver, int device) {
   static std::mutex mu;
   static std::array<CUcontext, 64> contexts{};
-  CUcontext ctx = nullptr;
-  {
-    std::lock_guard lock(mu);
-    if (device < 0 || device >= static_cast<int>(contexts.size()))
-      throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device));
-    if (contexts[device] == nullptr) {
-      CUdevice dev = 0;
-      driver.check(driver.device_get(&dev, device), "cuDeviceGet " + std::to_string(device));
-      driver.check(driver.primary_ctx_retain(&contexts[device], dev),
-                   "cuDevicePrimaryCtxRetain " + std::to_string(device));
-    }
-    ctx = contexts[device];
+  std::lock_guard lock(mu);
+  if (device < 0 || device >= static_cast<int>(contexts.size()))
+    throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device));
+  if (contexts[device] == nullptr) {
+    CUdevice dev = 0;
+    driver.check(driver.device_get(&dev, device), "cuDeviceGet " + std::to_string(device));
+    driver.check(driver.primary_ctx_retain(&contexts[device], dev),
+                 "cuDevicePrimaryCtxRetain " + std::to_string(device));
   }
-  driver.check(driver.ctx_set_current(ctx), "cuCtxSetCurrent");
+  return contexts[device];
+}
+
+void use_device(const Driver& driver, int device) {
+  driver.check(driver.ctx_set_current(primary_context(driver, device)), "cuCtxSetCurrent");
 }
 
 }  // namespace ferry::core::cuda

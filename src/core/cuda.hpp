@@ -143,8 +143,27 @@ PointerInfo pointer_info(const void* pointer);
 // are left out: Ferry tells device from host pointers by address.
 CudaInfo inventory();
 
-// Makes `device`'s primary context current on the calling thread (retained once per process and
-// device, released at exit by the driver); throws naming the call.
+// `device`'s primary context, retained once per process and device (never released: that would
+// free every allocation in it); throws naming the call.
+CUcontext primary_context(const Driver& driver, int device);
+// Makes `device`'s primary context current on the calling thread; throws naming the call.
 void use_device(const Driver& driver, int device);
+
+// Makes a context current on this thread for a scope, then restores the one that was (a user's
+// thread may have its own current device: PyTorch's, for one).
+class ScopedContext {
+ public:
+  ScopedContext(const Driver& driver, CUcontext context) : driver_(driver) {
+    driver_.ctx_get_current(&previous_);
+    if (previous_ != context) driver_.ctx_set_current(context);
+  }
+  ~ScopedContext() { driver_.ctx_set_current(previous_); }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  const Driver& driver_;
+  CUcontext previous_ = nullptr;
+};
 
 }  // namespace ferry::core::cuda

@@ -50,40 +50,42 @@ Future PeerImpl::finish_now(OpState* op, const Status& status) {
 }
 
 bool PeerImpl::lease_local(OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                           uint8_t** addr, uint32_t* region_id) {
+                           uint8_t** addr, uint32_t* region_id, transport::MemoryKinds moves) {
   if (local == nullptr || !local->valid()) return false;
   const RegionRecord& rec = *local->record_;
   if (rec.engine.get() != engine.get()) return false;
   // A batch's entries mostly share a local region: one lease of it serves them all.
   if (!op->leases.empty() && op->leases.back()->id.load(std::memory_order_relaxed) == rec.id) {
     if (!transport::RegionTable::allows_held(*op->leases.back(), rec.id, rec.key, offset, length,
-                                             Access::kLocal, addr)) {
+                                             Access::kLocal, addr, moves)) {
       return false;
     }
     *region_id = rec.id;
     return true;
   }
   transport::RegionSlot* slot =
-      engine->regions().try_acquire(rec.id, rec.key, offset, length, Access::kLocal, addr);
+      engine->regions().try_acquire(rec.id, rec.key, offset, length, Access::kLocal, addr, moves);
   if (slot == nullptr) return false;
   op->leases.push_back(slot);
   *region_id = rec.id;
   return true;
 }
 
-Status PeerImpl::local_refusal(const Region* local, uint64_t offset, uint64_t length) const {
+Status PeerImpl::local_refusal(const Region* local, uint64_t offset, uint64_t length,
+                               transport::MemoryKinds moves) const {
   if (local == nullptr || !local->valid()) return {ErrorCode::kInvalidArgument, "no local region"};
   const RegionRecord& rec = *local->record_;
   if (rec.engine.get() != engine.get()) {
     return {ErrorCode::kInvalidArgument, "local region belongs to another engine"};
   }
-  return region_refusal(rec.id, rec.key, offset, length);
+  return region_refusal(rec.id, rec.key, offset, length, moves);
 }
 
-Status PeerImpl::region_refusal(uint32_t id, uint64_t key, uint64_t offset, uint64_t length) const {
+Status PeerImpl::region_refusal(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
+                                transport::MemoryKinds moves) const {
   transport::RegionUse use;
   uint8_t* addr = nullptr;
-  Status s = engine->regions().acquire(id, key, offset, length, Access::kLocal, &addr, use);
+  Status s = engine->regions().acquire(id, key, offset, length, Access::kLocal, &addr, use, moves);
   // A refused id stays refused (ids are never reused), so this names the same reason.
   if (s.ok()) return {ErrorCode::kRevoked, "local region changed while in use"};
   return {s.code(), "local " + s.message()};
@@ -201,7 +203,7 @@ PeerImpl::Refusal PeerImpl::admit(OpState* op, const Transfer& t, Access wanted,
   if (!short_key && !has_keys(*remote, via)) return Refusal::kNoKey;
   uint8_t* local = nullptr;
   uint32_t local_region = 0;
-  if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region)) {
+  if (!lease_local(op, t.local, t.local_offset, t.length, &local, &local_region, via.memory)) {
     return Refusal::kLocal;
   }
   if (t.length == 0) return Refusal::kNone;
@@ -313,7 +315,7 @@ Future PeerImpl::refuse(OpState* op, std::size_t entry, const Transfer& t, Refus
       break;
     }
     default:
-      s = local_refusal(t.local, t.local_offset, t.length);
+      s = local_refusal(t.local, t.local_offset, t.length, via(op->channel).memory);
       break;
   }
   return finish_now(op, {s.code(), std::string(op_name(op->kind, op->with_imm)) + " entry " +
@@ -428,12 +430,13 @@ std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<con
 Future PeerImpl::post_prepared(const PreparedImpl& p) {
   OpState* op = start_one_sided(p.kind, p.with_imm, p.imm);
   transport::RegionTable& regions = engine->regions();
+  const transport::MemoryKinds moves = via(p.channel).memory;
   for (const PreparedImpl::Local& l : p.locals) {
     uint8_t* addr = nullptr;
-    transport::RegionSlot* slot =
-        regions.try_acquire(l.region_id, l.key, l.begin, l.end - l.begin, Access::kLocal, &addr);
+    transport::RegionSlot* slot = regions.try_acquire(l.region_id, l.key, l.begin, l.end - l.begin,
+                                                      Access::kLocal, &addr, moves);
     if (slot == nullptr) [[unlikely]] {
-      return finish_now(op, region_refusal(l.region_id, l.key, l.begin, l.end - l.begin));
+      return finish_now(op, region_refusal(l.region_id, l.key, l.begin, l.end - l.begin, moves));
     }
     op->leases.push_back(slot);
   }

@@ -118,12 +118,16 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Status take_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
                     uint8_t** addr, uint32_t* region_id = nullptr);
   // take_local without the reason: the data path's check. local_refusal() gives the reason.
+  // `moves`: the memory kinds the op's channel reaches (a local region of another kind is
+  // refused).
   bool lease_local(transport::OpState* op, const Region* local, uint64_t offset, uint64_t length,
-                   uint8_t** addr, uint32_t* region_id);
-  [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length) const;
+                   uint8_t** addr, uint32_t* region_id,
+                   transport::MemoryKinds moves = transport::kHostMemory);
+  [[gnu::cold]] Status local_refusal(const Region* local, uint64_t offset, uint64_t length,
+                                     transport::MemoryKinds moves = transport::kHostMemory) const;
   // Why the local region `id` refuses [offset, offset + length).
-  [[gnu::cold]] Status region_refusal(uint32_t id, uint64_t key, uint64_t offset,
-                                      uint64_t length) const;
+  [[gnu::cold]] Status region_refusal(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
+                                      transport::MemoryKinds moves = transport::kHostMemory) const;
   // Why a one-sided batch entry cannot go; its message is built only then (refuse()).
   enum class Refusal : uint8_t {
     kNone,

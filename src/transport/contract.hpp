@@ -88,12 +88,6 @@ enum Capability : uint32_t {
   kCapImm = 32,          // write_with_imm
 };
 
-// A set of memory kinds (bit 1 << MemoryKind) a transport moves on both ends.
-using MemoryKinds = uint8_t;
-constexpr MemoryKinds memory_bit(MemoryKind kind) {
-  return static_cast<MemoryKinds>(1U << static_cast<unsigned>(kind));
-}
-
 enum class PostResult : uint8_t {
   kAccepted,  // every slice handed to the wire or the NIC
   kQueued,    // some slices wait for credits; the transport posts them as credits return

@@ -64,11 +64,11 @@ void RegionTable::revoke(uint32_t id, std::chrono::nanoseconds patience,
 }
 
 Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
-                            Access wanted, uint8_t** addr, RegionUse& use) {
+                            Access wanted, uint8_t** addr, RegionUse& use, MemoryKinds moves) {
   RegionSlot& slot = slots_[id & (kMaxRegions - 1)];
   slot.users.fetch_add(1);
   RegionUse held(&slot);
-  ErrorCode code = verdict(slot, id, key, offset, length, wanted);
+  ErrorCode code = verdict(slot, id, key, offset, length, wanted, moves);
   if (code == ErrorCode::kOk) {
     *addr = slot.base + offset;
     use = std::move(held);

@@ -19,6 +19,14 @@
 
 namespace ferry::transport {
 
+// A set of memory kinds (bit 1 << MemoryKind): what a transport moves on both ends, and what a
+// caller of the region table can reach.
+using MemoryKinds = uint8_t;
+constexpr MemoryKinds memory_bit(MemoryKind kind) {
+  return static_cast<MemoryKinds>(1U << static_cast<unsigned>(kind));
+}
+constexpr MemoryKinds kHostMemory = memory_bit(MemoryKind::kHost);
+
 struct RegionSlot {
   enum State : uint8_t { kFree = 0, kActive = 1, kRevoked = 2 };
   std::atomic<uint32_t> id{0};
@@ -32,8 +40,8 @@ struct RegionSlot {
   // The memory file holding exactly this region (Engine::allocate), which a same-host transport
   // may lend to a peer to map; -1 for memory the engine did not allocate.
   int backing_fd = -1;
-  // Only host memory is reached through `base` by the CPU: a slot of CUDA memory refuses every
-  // host-path access, whatever a peer asks for.
+  // A slot of CUDA memory refuses every access from a caller that moves host memory only (the
+  // CPU would dereference a device address), whatever a peer asks for.
   MemoryKind memory = MemoryKind::kHost;
 };
 
@@ -90,17 +98,18 @@ class RegionTable {
   void revoke(uint32_t id, std::chrono::nanoseconds patience, const std::function<void()>& revoked,
               const std::function<void()>& cut_off);
 
-  // Validates an access of [offset, offset + length) wanting `wanted` rights and, on success,
-  // stores the address in `*addr` and the use in `use`.
+  // Validates an access of [offset, offset + length) wanting `wanted` rights by a caller that
+  // reaches the memory kinds `moves` and, on success, stores the address in `*addr` and the use
+  // in `use`.
   Status acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length, Access wanted,
-                 uint8_t** addr, RegionUse& use);
+                 uint8_t** addr, RegionUse& use, MemoryKinds moves = kHostMemory);
   // The same check for the data path: on success holds a use of the region (give it back with
   // release()) and returns its slot; else returns nullptr, and acquire() tells why.
   RegionSlot* try_acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
-                          Access wanted, uint8_t** addr) {
+                          Access wanted, uint8_t** addr, MemoryKinds moves = kHostMemory) {
     RegionSlot& slot = slots_[id & (kMaxRegions - 1)];
     slot.users.fetch_add(1);
-    if (verdict(slot, id, key, offset, length, wanted) != ErrorCode::kOk) {
+    if (verdict(slot, id, key, offset, length, wanted, moves) != ErrorCode::kOk) {
       slot.users.fetch_sub(1);
       return nullptr;
     }
@@ -111,8 +120,9 @@ class RegionTable {
   // try_acquire() for a caller that already holds a use of `slot` (a batch's next entry in the
   // same region): the same checks, no second use.
   static bool allows_held(const RegionSlot& slot, uint32_t id, uint64_t key, uint64_t offset,
-                          uint64_t length, Access wanted, uint8_t** addr) {
-    if (verdict(slot, id, key, offset, length, wanted) != ErrorCode::kOk) return false;
+                          uint64_t length, Access wanted, uint8_t** addr,
+                          MemoryKinds moves = kHostMemory) {
+    if (verdict(slot, id, key, offset, length, wanted, moves) != ErrorCode::kOk) return false;
     *addr = slot.base + offset;
     return true;
   }
@@ -120,14 +130,14 @@ class RegionTable {
  private:
   // The first reason the access is refused, or kOk; the caller holds a use of `slot`.
   static ErrorCode verdict(const RegionSlot& slot, uint32_t id, uint64_t key, uint64_t offset,
-                           uint64_t length, Access wanted) {
+                           uint64_t length, Access wanted, MemoryKinds moves) {
     // Slot 0 is never used: its id 0 would match id 0.
     if ((id & (kMaxRegions - 1)) == 0 || slot.id.load() != id) return ErrorCode::kUnknownRegion;
     if (slot.state.load() != RegionSlot::kActive) return ErrorCode::kRevoked;
     if (slot.key != key) return ErrorCode::kWrongKey;
     if (!allows(slot.access, wanted)) return ErrorCode::kPermissionDenied;
     if (offset > slot.length || length > slot.length - offset) return ErrorCode::kOutOfBounds;
-    if (slot.memory != MemoryKind::kHost) return ErrorCode::kUnsupported;
+    if ((moves & memory_bit(slot.memory)) == 0) return ErrorCode::kUnsupported;
     return ErrorCode::kOk;
   }
 

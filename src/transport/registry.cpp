@@ -32,20 +32,12 @@ namespace ferry {
 
 std::string_view to_string(TransportKind kind) noexcept {
   if (const transport::TransportEntry* entry = transport::find_transport(kind)) return entry->name;
-  switch (kind) {  // kinds reserved for transports not built into this version
-    case TransportKind::kCudaIpc:
-      return "cuda_ipc";
-    default:
-      return "unknown";
-  }
+  return "unknown";
 }
 
 std::optional<TransportKind> transport_named(std::string_view name) noexcept {
   for (const transport::TransportEntry* e : transport::registered_transports()) {
     if (e->name == name) return e->kind;
-  }
-  for (TransportKind reserved : {TransportKind::kCudaIpc}) {
-    if (to_string(reserved) == name) return reserved;
   }
   return std::nullopt;
 }

@@ -72,6 +72,11 @@ class Conformance : public ::testing::TestWithParam<TransportKind> {
  protected:
   void SetUp() override {
     TransportKind kind = GetParam();
+    // The cases move host memory; a transport of device memory alone has its own suite.
+    const transport::TransportEntry* entry = transport::find_transport(kind);
+    if (entry != nullptr && (entry->memory & transport::kHostMemory) == 0) {
+      GTEST_SKIP() << to_string(kind) << " moves no host memory (tests/cuda covers it)";
+    }
     for (const TransportInfo& t : Engine::transports()) {
       if (t.kind != kind || t.usable) continue;
       if (conformance_required(kind)) FAIL() << to_string(kind) << " is required: " << t.detail;

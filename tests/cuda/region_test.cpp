@@ -19,7 +19,7 @@ TEST(CudaRegion, DevicePointerRegistersAsCudaMemoryOfItsDevice) {
   Descriptor d = Descriptor::parse(r.descriptor().to_string());
   EXPECT_EQ(d.memory, MemoryKind::kCuda);
   EXPECT_EQ(d.memory_device, 0);
-  // No transport of this build moves CUDA memory yet: none adds a key a peer could use.
+  // Neither verbs nor TCP (this engine's transports) moves CUDA memory: neither adds a key.
   EXPECT_EQ(d.key_count + d.more_keys.size(), 0u);
 
   std::vector<uint8_t> host(4096);

@@ -1,9 +1,11 @@
 // libFuzzer target for every decoder that reads bytes from the network or from users:
 // frame headers, group frames' entry tables, handshake bodies (channel addresses included),
 // verbs queue-pair addresses and message headers, shm channel addresses and records,
-// descriptors (binary, text), and HTTP responses (etcd's answers, core/http.hpp). The first input
+// descriptors (binary, text), HTTP responses (etcd's answers, core/http.hpp), and the CUDA IPC
+// transport's keys, address and frames. The first input
 // byte picks the decoder. Decoders must reject bad input with an error, never crash or over-read.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "core/http.hpp"
 #include "engine/handshake.hpp"
 #include "ferry/ferry.hpp"
+#include "transport/cuda_ipc/cuda_ipc_wire.hpp"
 #include "transport/shm/shm_wire.hpp"
 #include "transport/tcp/tcp_frame.hpp"
 #include "transport/verbs/verbs_channel.hpp"
@@ -25,7 +28,7 @@ namespace tcp = ferry::transport::tcp;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::span<const uint8_t> body(data + 1, size - 1);
-  switch (data[0] % 15) {
+  switch (data[0] % 16) {
     case 0:
       if (body.size() >= ferry::core::kFrameHeaderSize) {
         ferry::core::FrameHeader h;
@@ -178,6 +181,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
                       split.finish().ok();
       if (whole_ok != split_ok || whole.body() != split.body() || whole.body().size() > kCap)
         __builtin_trap();
+      break;
+    }
+    case 15: {
+      // What decodes must encode back to the same bytes: a key, an address, each whole frame.
+      namespace ipc = ferry::transport::cuda_ipc;
+      ipc::Key key;
+      if (ipc::decode(body, key).ok()) {
+        auto again = ipc::encode(key);
+        if (!std::equal(again.begin(), again.end(), body.begin(), body.end())) __builtin_trap();
+      }
+      uint32_t pid = 0;
+      if (ipc::decode_address(body, pid).ok() && ipc::encode_address(pid).size() != body.size())
+        __builtin_trap();
+      for (std::size_t at = 0; at + ipc::kFrameBytes <= body.size(); at += ipc::kFrameBytes) {
+        std::span<const uint8_t, ipc::kFrameBytes> bytes(body.data() + at, ipc::kFrameBytes);
+        ipc::Frame frame;
+        if (!ipc::decode(bytes, frame).ok()) continue;
+        std::array<uint8_t, ipc::kFrameBytes> again;
+        ipc::encode(frame, again);
+        if (!std::equal(again.begin(), again.end(), bytes.begin())) __builtin_trap();
+      }
       break;
     }
     case 7:

@@ -175,9 +175,9 @@ TEST(Cli, Info) {
   EXPECT_TRUE(std::regex_search(text, std::regex("\n  verbs +(usable|unusable) "))) << text;
   // The routing decision for the default configuration, and why.
   EXPECT_TRUE(std::regex_search(
-      text, std::regex("\nroutes with the default transports \\(shm, verbs, tcp\\), to a peer "
+      text, std::regex("\nroutes with the default transports \\(shm, cuda_ipc, verbs, tcp\\), to a peer "
                        "configured alike:\n  peer on this host:\n    write/read +host->host +"
-                       "shm +shm: chosen \\(rank 1\\); verbs: [^\n]+; tcp: [^\n]+\n")))
+                       "shm +shm: chosen \\(rank 1\\); cuda_ipc: [^\n]+; verbs: [^\n]+; tcp: [^\n]+\n")))
       << text;
   EXPECT_NE(text.find("  peer on another host:\n"), std::string::npos) << text;
   std::string json;
@@ -189,7 +189,7 @@ TEST(Cli, Info) {
        {"{\"version\":\"" + std::string(Engine::version()) + "\",\"transports\":[{\"name\":",
         std::string("{\"name\":\"tcp\",\"usable\":true,\"detail\":"), std::string("\"devices\":["),
         std::string(
-            "],\"configured\":{\"by\":\"default\",\"transports\":[\"shm\",\"verbs\",\"tcp\"]},"
+            "],\"configured\":{\"by\":\"default\",\"transports\":[\"shm\",\"cuda_ipc\",\"verbs\",\"tcp\"]},"
             "\"routes\":{\"same host\":[{\"operations\":\"write/read\",\"local\":"
             "\"host\",\"remote\":\"host\",\"transport\":\""),
         std::string("\"other host\":[{\"operations\":\"write/read\""),
@@ -374,7 +374,7 @@ TEST(Cli, BenchRunsEveryOperationAndVerifies) {
   // Which transport each operation took, and why, before the table.
   EXPECT_TRUE(std::regex_search(
       out, std::regex("routes to the peer \\(same host\\):\n  write/read +host->host +shm +"
-                      "shm: chosen \\(rank 1\\); verbs: [^\n]+; tcp: fallback [^\n]+\n"
+                      "shm: chosen \\(rank 1\\); cuda_ipc: [^\n]+; verbs: [^\n]+; tcp: fallback [^\n]+\n"
                       "  write_with_imm ")))
       << out;
   std::string json;

@@ -351,7 +351,7 @@ TEST(EngineRoutes, TheEnvironmentOrdersAndRestrictsTheTransports) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
       EXPECT_TRUE(contains(e.what(), std::string("FERRY_TRANSPORTS=\"") + bad + "\"")) << e.what();
-      EXPECT_TRUE(contains(e.what(), "(known: tcp, shm, verbs, loopback)")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "(known: tcp, shm, verbs, cuda_ipc, loopback)")) << e.what();
     }
     EXPECT_THROW(Engine::routes(c, Reach::kSameHost), Error);
   }

@@ -4,10 +4,11 @@
 //   (defaults: 1 MiB, 127.0.0.1, the default transports; TRANSPORTS: names, comma-separated)
 // With FERRY_TEST_DENY_CROSS_MEMORY=1 in its environment, a seccomp filter refuses the process
 // process_vm_readv/writev (EPERM) once its engine is open, as a container's profile would.
-// With FERRY_TEST_ALLOCATE=1, the region's memory comes from Engine::allocate.
+// With FERRY_TEST_ALLOCATE=1, the region's memory comes from Engine::allocate; with
+// FERRY_TEST_ALLOCATE=cuda, from Engine::allocate on CUDA device 0 (zeroed, not filled).
 // With FERRY_TEST_WRITE_INTO="ADDRESS DESCRIPTOR", it first connects to ADDRESS and writes the
-// whole region DESCRIPTOR names (bytes i * 31 + 7) twice, the second time with immediate 1,
-// before it prints anything.
+// whole region DESCRIPTOR names (bytes i * 31 + 7; zeros into CUDA memory, from CUDA memory)
+// twice, the second time with immediate 1, before it prints anything.
 // With FERRY_TEST_PUBLISH="ENGINE REGION" (and FERRY_ETCD), it publishes itself and its region
 // under those names, with a 2 s lease, before it prints anything; FERRY_TEST_IDENTITY names its
 // identity file (Config::identity_file).
@@ -95,7 +96,10 @@ int main(int argc, char** argv) {
   };
   std::vector<uint8_t> mem;
   ferry::Region region;
-  if (const char* allocate = std::getenv("FERRY_TEST_ALLOCATE"); allocate && *allocate == '1') {
+  const char* allocate = std::getenv("FERRY_TEST_ALLOCATE");
+  if (allocate != nullptr && std::string(allocate) == "cuda") {
+    region = engine.allocate(size, ferry::Access::kRemoteReadWrite, ferry::Memory::cuda(0));
+  } else if (allocate != nullptr && *allocate == '1') {
     region = engine.allocate(size, ferry::Access::kRemoteReadWrite);
     // Before any peer knows the region; the progress threads touch it only once a peer read
     // its descriptor from our output, an order through another process that ThreadSanitizer
@@ -117,9 +121,13 @@ int main(int argc, char** argv) {
     std::string address, text;
     words >> address >> text;
     ferry::Descriptor d = ferry::Descriptor::parse(text);
-    source.resize(d.length);
-    fill(source.data(), source.size());
-    local = engine.register_memory(source.data(), source.size(), ferry::Access::kLocal);
+    if (d.memory == ferry::MemoryKind::kCuda) {
+      local = engine.allocate(d.length, ferry::Access::kLocal, ferry::Memory::cuda(0));  // zeroes
+    } else {
+      source.resize(d.length);
+      fill(source.data(), source.size());
+      local = engine.register_memory(source.data(), source.size(), ferry::Access::kLocal);
+    }
     peer = engine.connect(address);
     ferry::Transfer whole{&local, 0, &d, 0, d.length};
     for (int i = 0; i < 2; ++i) {

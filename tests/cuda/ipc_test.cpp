@@ -1,0 +1,199 @@
+// The CUDA IPC transport (src/transport/cuda_ipc): GPU memory between engines of one process and
+// across processes, byte-exact; the target's checks; revocation that closes the peer's mapping
+// before deregister() returns; a killed peer; the bounded cache of mappings.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <future>
+
+#include "cuda_test_support.hpp"
+
+namespace ferry::test {
+namespace {
+
+Config cuda_config() {
+  Config c = test_config();
+  c.transports = {TransportKind::kCudaIpc, TransportKind::kTcp};
+  return c;
+}
+
+// Device memory of a region, to and from the host, through the driver.
+void put(const Region& r, const std::vector<uint8_t>& bytes, std::size_t offset = 0) {
+  FERRY_CU_OK(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset,
+                              reinterpret_cast<cuda::CUdeviceptr>(bytes.data()), bytes.size()));
+}
+std::vector<uint8_t> get(const Region& r, std::size_t offset, std::size_t length) {
+  std::vector<uint8_t> out(length);
+  EXPECT_EQ(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(out.data()),
+                            reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset, length),
+            cuda::kSuccess);
+  return out;
+}
+
+// Mappings of the stand-in's device memory in process `pid` (its own allocations and the ones
+// it opened from other processes).
+int standin_mappings(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("memfd:ferry-cuda-standin") != std::string::npos;
+  return n;
+}
+
+TEST(CudaIpc, WritesAndReadsBetweenDeviceRegionsAreByteExact) {
+  Pair p(cuda_config(), cuda_config());
+  constexpr std::size_t kBytes = 1 << 20;
+  Region src = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
+  Region back = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
+  Region dst = p.target.allocate(kBytes, Access::kRemoteReadWrite, Memory::cuda(0));
+  auto bytes = pattern(kBytes, 7);
+  put(src, bytes);
+  Descriptor d = dst.descriptor();
+  ASSERT_FALSE(d.find_key(TransportKind::kCudaIpc).empty());
+  // Odd sizes and offsets, one byte, and a batch's entries in one region.
+  std::vector<Transfer> batch{{&src, 3, &d, 5, 4099},
+                              {&src, 10000, &d, 20001, 65537},
+                              {&src, 200000, &d, 300000, 1},
+                              {&src, 400000, &d, 500000, 300000}};
+  ASSERT_TRUE(p.peer.write(batch).wait(kWait).ok());
+  for (const Transfer& t : batch) {
+    EXPECT_EQ(get(dst, t.remote_offset, t.length),
+              std::vector<uint8_t>(bytes.begin() + static_cast<long>(t.local_offset),
+                                   bytes.begin() + static_cast<long>(t.local_offset + t.length)))
+        << t.remote_offset;
+  }
+  std::vector<Transfer> reads;
+  for (const Transfer& t : batch)
+    reads.push_back({&back, t.local_offset, &d, t.remote_offset, t.length});
+  ASSERT_TRUE(p.peer.read(reads).wait(kWait).ok());
+  for (const Transfer& t : batch) {
+    EXPECT_EQ(get(back, t.local_offset, t.length), get(src, t.local_offset, t.length));
+  }
+  for (const RouteInfo& r : p.peer.routes()) {
+    // One-sided operations between device memory go over CUDA IPC (messages do not yet).
+    if (r.local == MemoryKind::kCuda && r.remote == MemoryKind::kCuda &&
+        r.operations != "send/recv") {
+      EXPECT_EQ(r.transport, TransportKind::kCudaIpc) << r.why;
+    }
+  }
+}
+
+TEST(CudaIpc, WriteWithImmIsDeliveredAfterItsBytes) {
+  Pair p(cuda_config(), cuda_config());
+  Region src = p.initiator.allocate(1 << 16, Access::kLocal, Memory::cuda(0));
+  Region dst = p.target.allocate(1 << 16, Access::kRemoteWrite, Memory::cuda(0));
+  put(src, pattern(1 << 16, 3));
+  Descriptor d = dst.descriptor();
+  for (uint32_t imm = 1; imm <= 20; ++imm) {
+    put(src, std::vector<uint8_t>(8, static_cast<uint8_t>(imm)), 8 * imm);
+    Transfer t{&src, 8 * imm, &d, 8 * imm, 8};
+    ASSERT_TRUE(p.peer.write_with_imm({&t, 1}, imm).wait(kWait).ok());
+    std::optional<ImmEvent> e = p.target.next_imm(kWait);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->imm, imm);
+    EXPECT_EQ(get(dst, 8 * imm, 8), std::vector<uint8_t>(8, static_cast<uint8_t>(imm)));
+  }
+}
+
+TEST(CudaIpc, TheTargetRefusesWhatItDidNotGrant) {
+  Pair p(cuda_config(), cuda_config());
+  Region src = p.initiator.allocate(4096, Access::kLocal, Memory::cuda(0));
+  Region read_only = p.target.allocate(4096, Access::kRemoteRead, Memory::cuda(0));
+  put(read_only, pattern(4096, 1));
+  // A descriptor claiming write access: the initiator's checks pass, the target's do not.
+  Descriptor forged = read_only.descriptor();
+  forged.access = Access::kRemoteReadWrite;
+  Transfer t{&src, 0, &forged, 0, 4096};
+  Status s = p.peer.write({&t, 1}).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kPermissionDenied) << s.to_string();
+  EXPECT_EQ(get(read_only, 0, 4096), pattern(4096, 1));
+  // A wrong table key inside the CUDA IPC key.
+  Region writable = p.target.allocate(4096, Access::kRemoteWrite, Memory::cuda(0));
+  Descriptor wrong = writable.descriptor();
+  for (Descriptor::MoreKey& k : wrong.more_keys) {
+    if (k.transport == TransportKind::kCudaIpc) k.bytes.back() ^= 0x5a;
+  }
+  Transfer w{&src, 0, &wrong, 0, 4096};
+  s = p.peer.write({&w, 1}).wait(kWait);
+  EXPECT_EQ(s.code(), ErrorCode::kWrongKey) << s.to_string();
+  // Still usable for what was granted.
+  Transfer r{&src, 0, &forged, 0, 4096};
+  EXPECT_TRUE(p.peer.read({&r, 1}).wait(kWait).ok());
+  EXPECT_EQ(get(src, 0, 4096), pattern(4096, 1));
+}
+
+TEST(CudaIpc, ManyRegionsShareABoundedSetOfMappings) {
+  Config initiator = cuda_config();
+  initiator.transport_settings = {{"cuda_ipc.mappings", "2"}};
+  Pair p(cuda_config(), initiator);
+  Region src = p.initiator.allocate(4096, Access::kLocal, Memory::cuda(0));
+  std::vector<Region> targets;
+  for (int i = 0; i < 5; ++i)
+    targets.push_back(p.target.allocate(4096, Access::kRemoteReadWrite, Memory::cuda(0)));
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      put(src, std::vector<uint8_t>(64, static_cast<uint8_t>(10 * round + i)));
+      Descriptor d = targets[i].descriptor();
+      Transfer t{&src, 0, &d, 0, 64};
+      ASSERT_TRUE(p.peer.write({&t, 1}).wait(kWait).ok()) << i;
+      EXPECT_EQ(get(targets[i], 0, 64),
+                std::vector<uint8_t>(64, static_cast<uint8_t>(10 * round + i)));
+    }
+  }
+  // The two still mapped are given back when asked; the others were already.
+  for (Region& r : targets) r.deregister();
+}
+
+TEST(CudaIpc, DeregisteringWaitsUntilThePeerUnmappedTheRegion) {
+  Pair p(cuda_config(), cuda_config());
+  Region src = p.initiator.allocate(4096, Access::kLocal, Memory::cuda(0));
+  Region dst = p.target.allocate(4096, Access::kRemoteWrite, Memory::cuda(0));
+  Descriptor d = dst.descriptor();
+  Transfer t{&src, 0, &d, 0, 4096};
+  ASSERT_TRUE(p.peer.write({&t, 1}).wait(kWait).ok());
+  dst.deregister();  // the peer gives its mapping back first
+  Status s = p.peer.write({&t, 1}).wait(kWait);
+  EXPECT_TRUE(s.code() == ErrorCode::kRevoked || s.code() == ErrorCode::kUnknownRegion)
+      << s.to_string();
+}
+
+// The test process is the target; a ferry_test_target process maps its region and writes.
+class CudaIpcAcrossProcesses : public ::testing::Test {
+ protected:
+  void start_writer() {
+    put(region, pattern(kBytes, 9));
+    std::string into = target.address() + " " + region.descriptor().to_string();
+    ScopedEnv allocate("FERRY_TEST_ALLOCATE", "cuda");
+    ScopedEnv write_into("FERRY_TEST_WRITE_INTO", into.c_str());
+    writer = std::make_unique<TargetProcess>(4096, "cuda_ipc,tcp");
+  }
+  static constexpr std::size_t kBytes = 1 << 20;
+  Engine target{cuda_config()};
+  Region region = target.allocate(kBytes, Access::kRemoteReadWrite, Memory::cuda(0));
+  std::unique_ptr<TargetProcess> writer;
+};
+
+TEST_F(CudaIpcAcrossProcesses, AnotherProcessWritesThroughItsMappingAndGivesItBack) {
+  start_writer();
+  ASSERT_FALSE(writer->address.empty()) << "the writer failed (its stderr has why)";
+  // It wrote its zeros over the pattern, then again with immediate 1.
+  EXPECT_EQ(get(region, 0, kBytes), std::vector<uint8_t>(kBytes, 0));
+  std::optional<ImmEvent> e = target.next_imm(kWait);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->imm, 1u);
+  int mapped = standin_mappings(writer->pid);
+  region.deregister();  // returns once the writer closed its mapping
+  EXPECT_EQ(standin_mappings(writer->pid), mapped - 1);
+}
+
+TEST_F(CudaIpcAcrossProcesses, AKilledPeerLetsTheRegionGo) {
+  start_writer();
+  ASSERT_FALSE(writer->address.empty());
+  writer->kill_now();
+  // No peer to ask: its channel closed and let go of the region (a hang fails here).
+  auto deregistered = std::async(std::launch::async, [&] { region.deregister(); });
+  EXPECT_EQ(deregistered.wait_for(kWait), std::future_status::ready);
+}
+
+}  // namespace
+}  // namespace ferry::test
