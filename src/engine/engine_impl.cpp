@@ -365,7 +365,7 @@ Region EngineImpl::add_region(std::shared_ptr<RegionRecord> rec, Access access) 
   rec->access = access;
   rec->key = nonzero_random();
   rec->id = regions_.insert(rec->base, length, access, rec->key, rec->owned ? rec->owned->fd() : -1,
-                            rec->memory.kind);
+                            rec->memory);
 
   Descriptor& d = rec->descriptor;
   d.engine_id = id;

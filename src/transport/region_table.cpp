@@ -8,7 +8,7 @@ namespace ferry::transport {
 RegionTable::RegionTable() : slots_(new RegionSlot[kMaxRegions]) {}
 
 uint32_t RegionTable::insert(uint8_t* base, uint64_t length, Access access, uint64_t key,
-                             int backing_fd, MemoryKind memory) {
+                             int backing_fd, Memory memory) {
   uint32_t index;
   {
     std::lock_guard lock(mu_);
@@ -86,7 +86,7 @@ Status RegionTable::acquire(uint32_t id, uint64_t key, uint64_t offset, uint64_t
       return {ErrorCode::kPermissionDenied, region + " does not grant remote " +
                                                 (wanted == Access::kRemoteRead ? "read" : "write")};
     case ErrorCode::kUnsupported:
-      return {ErrorCode::kUnsupported, region + " holds " + std::string(to_string(slot.memory)) +
+      return {ErrorCode::kUnsupported, region + " holds " + std::string(to_string(slot.memory.kind)) +
                                            " memory, which this transport does not move"};
     default:
       return {ErrorCode::kOutOfBounds, region + ": offset " + std::to_string(offset) +

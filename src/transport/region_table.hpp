@@ -42,7 +42,7 @@ struct RegionSlot {
   int backing_fd = -1;
   // A slot of CUDA memory refuses every access from a caller that moves host memory only (the
   // CPU would dereference a device address), whatever a peer asks for.
-  MemoryKind memory = MemoryKind::kHost;
+  Memory memory;  // its kind, and its device for CUDA memory
 };
 
 // The outcome of validating one access; holds a use of the region until released.
@@ -89,7 +89,7 @@ class RegionTable {
 
   // Returns the new region's id, or throws kResourceExhausted.
   uint32_t insert(uint8_t* base, uint64_t length, Access access, uint64_t key, int backing_fd = -1,
-                  MemoryKind memory = MemoryKind::kHost);
+                  Memory memory = Memory::host());
   // Revokes the region and waits until no access to it is in progress. `revoked` runs once the
   // region refuses new accesses, before the wait: holders that keep a use until asked (a peer's
   // mapping) are asked then. If accesses are still going after `patience`, `cut_off` runs once
@@ -137,7 +137,7 @@ class RegionTable {
     if (slot.key != key) return ErrorCode::kWrongKey;
     if (!allows(slot.access, wanted)) return ErrorCode::kPermissionDenied;
     if (offset > slot.length || length > slot.length - offset) return ErrorCode::kOutOfBounds;
-    if ((moves & memory_bit(slot.memory)) == 0) return ErrorCode::kUnsupported;
+    if ((moves & memory_bit(slot.memory.kind)) == 0) return ErrorCode::kUnsupported;
     return ErrorCode::kOk;
   }
 

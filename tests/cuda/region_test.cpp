@@ -103,7 +103,7 @@ TEST(CudaRegion, RegionTableRefusesHostAccessToDeviceMemory) {
   DeviceBuffer buf(4096);
   transport::RegionTable table;
   uint32_t id = table.insert(static_cast<uint8_t*>(buf.pointer()), 4096, Access::kRemoteReadWrite,
-                             42, -1, MemoryKind::kCuda);
+                             42, -1, Memory::cuda(0));
   uint8_t* addr = nullptr;
   EXPECT_EQ(table.try_acquire(id, 42, 0, 8, Access::kRemoteWrite, &addr), nullptr);
   transport::RegionUse use;

@@ -44,7 +44,9 @@ CudaIpcChannel::CudaIpcChannel(ChannelArgs args, const cu::Driver& driver, Setti
 }
 
 CudaIpcChannel::~CudaIpcChannel() {
-  for (cu::CUevent e : free_events_) driver_.event_destroy(e);
+  for (const auto& pool : free_events_) {
+    for (cu::CUevent e : pool) driver_.event_destroy(e);
+  }
   for (cu::CUstream s : streams_) {
     if (s != nullptr) driver_.stream_destroy(s);
   }
@@ -103,12 +105,13 @@ PostResult CudaIpcChannel::post(OpState* op) {
   {
     std::lock_guard lock(mu_);
     if (stopping_) return PostResult::kAccepted;  // the close path fails the op
-    cu::PointerInfo where =
-        op->entries.empty() ? cu::PointerInfo{} : cu::pointer_info(op->entries[0].local);
-    if (!where.device) {
+    // The first entry's local region, leased first: its device's context and streams copy.
+    const RegionSlot* local = op->leases.empty() ? nullptr : op->leases.front();
+    if (local == nullptr || local->memory.kind != MemoryKind::kCuda) {
       refused = {ErrorCode::kUnsupported, "cuda_ipc: the local memory is not CUDA memory"};
+    } else {
+      area.device = local->memory.device;
     }
-    area.device = where.ordinal;
     // First every key, so that a bad one refuses the op before it waits on any mapping.
     for (std::size_t i = 0; i < op->entries.size() && refused.ok(); ++i) {
       const OpEntry& e = op->entries[i];
@@ -130,9 +133,12 @@ PostResult CudaIpcChannel::post(OpState* op) {
       if (refused.ok()) mappings_[e.remote_region].key = key;
     }
     if (refused.ok()) {
+      // The op holds every mapping it names from now until it ends: none is evicted or given
+      // back under it.
       uint32_t waiting = 0;
       for (const OpEntry& e : op->entries) {
         Mapping& m = mappings_[e.remote_region];
+        ++m.uses;
         if (m.state == Mapping::kOpen && allows(m.granted, need)) continue;
         if (!m.waiting.empty() && m.waiting.back() == op) continue;  // an earlier entry's
         if (m.state == Mapping::kOpen || m.asked == Access::kLocal) {
@@ -148,17 +154,45 @@ PostResult CudaIpcChannel::post(OpState* op) {
       start_copies(op);
       return PostResult::kAccepted;
     }
+    forget_unasked(*op);  // the keys this op brought, never asked for
   }
-  op->record_error(refused);
-  if (op->finish_slices(op->pending.load())) op->finish_posted();
+  // A close may be failing the peer's ops meanwhile: the pool decides who completes it.
+  link_->pool->fail_posted(op, [&](const OpState&) { return refused; });
   return PostResult::kAccepted;
+}
+
+void CudaIpcChannel::forget_unasked(const OpState& op) {
+  for (const OpEntry& e : op.entries) {
+    auto it = mappings_.find(e.remote_region);
+    if (it != mappings_.end() && it->second.asked == Access::kLocal) mappings_.erase(it);
+  }
 }
 
 cu::CUstream CudaIpcChannel::stream_for(int device, int lane) {
   std::size_t at = static_cast<std::size_t>(device) * settings_.streams + lane;
   if (streams_.size() <= at) streams_.resize(at + 1, nullptr);
-  if (streams_[at] == nullptr) driver_.stream_create(&streams_[at], cu::kStreamNonBlocking);
+  if (streams_[at] == nullptr) {
+    driver_.check(driver_.stream_create(&streams_[at], cu::kStreamNonBlocking), "cuStreamCreate");
+  }
   return streams_[at];
+}
+
+cu::CUevent CudaIpcChannel::take_event(int device) {
+  auto at = static_cast<std::size_t>(device);
+  if (free_events_.size() <= at) free_events_.resize(at + 1);
+  std::vector<cu::CUevent>& pool = free_events_[at];
+  cu::CUevent event = nullptr;
+  if (pool.empty()) {
+    driver_.check(driver_.event_create(&event, cu::kEventDisableTiming), "cuEventCreate");
+  } else {
+    event = pool.back();
+    pool.pop_back();
+  }
+  return event;
+}
+
+void CudaIpcChannel::give_event(int device, cu::CUevent event) {
+  if (event != nullptr) free_events_[static_cast<std::size_t>(device)].push_back(event);
 }
 
 cu::CUresult CudaIpcChannel::copy_entry(const OpState& op, const OpEntry& e, const Mapping& m,
@@ -180,31 +214,36 @@ void CudaIpcChannel::start_copies(OpState* op) {
   auto& area = op->transport_area<CudaIpcOpArea>();
   Status failed;
   cu::CUevent event = nullptr;
+  cu::CUstream stream = nullptr;
+  bool queued = false;
   try {
     cu::ScopedContext scope(driver_, cu::primary_context(driver_, area.device));
-    cu::CUstream stream = stream_for(area.device, op->first_lane % settings_.streams);
+    stream = stream_for(area.device, op->first_lane % settings_.streams);
     ++use_clock_;
     for (const OpEntry& e : op->entries) {
-      Mapping& m = mappings_[e.remote_region];
-      ++m.in_flight;
-      m.last_used = use_clock_;
-      if (!failed.ok()) continue;
-      if (cu::CUresult r = copy_entry(*op, e, m, stream); r != cu::kSuccess) {
+      auto it = mappings_.find(e.remote_region);  // held by the op since its post
+      it->second.last_used = use_clock_;
+      if (cu::CUresult r = copy_entry(*op, e, it->second, stream); r != cu::kSuccess) {
         failed = driver_.status(r, "cuMemcpyAsync region " + std::to_string(e.remote_region));
+        break;
       }
+      queued = queued || e.length > 0;
     }
-    if (free_events_.empty()) {
-      driver_.check(driver_.event_create(&event, cu::kEventDisableTiming), "cuEventCreate");
-    } else {
-      event = free_events_.back();
-      free_events_.pop_back();
+    event = take_event(area.device);
+    if (cu::CUresult r = driver_.event_record(event, stream); r != cu::kSuccess) {
+      give_event(area.device, event);
+      event = nullptr;
+      driver_.check(r, "cuEventRecord");
     }
-    driver_.check(driver_.event_record(event, stream), "cuEventRecord");
   } catch (const Error& e) {
     failed = e.status();
   }
-  if (!failed.ok()) op->record_error(failed);
-  // Even a failed op waits for the copies it queued: they touch its memory until they end.
+  if (!failed.ok()) {
+    op->record_error(failed);
+    // Copies already queued touch the op's memory until they end: without an event to poll,
+    // wait for them here (a driver failure, not the common path).
+    if (queued && event == nullptr) driver_.stream_synchronize(stream);
+  }
   in_flight_.push_back({op, event, !failed.ok()});
   wake_poller();
 }
@@ -228,7 +267,7 @@ void CudaIpcChannel::release_mappings(const OpState& op) {
   for (const OpEntry& e : op.entries) {
     auto it = mappings_.find(e.remote_region);
     if (it == mappings_.end()) continue;
-    if (--it->second.in_flight == 0 && it->second.give_back) unmap(e.remote_region);
+    if (--it->second.uses == 0 && it->second.give_back) unmap(e.remote_region);
   }
 }
 
@@ -241,63 +280,78 @@ bool CudaIpcChannel::poll() {
     if (in_flight_.empty()) return false;
     for (std::size_t i = 0; i < in_flight_.size();) {
       InFlight f = in_flight_[i];
+      auto& area = f.op->transport_area<CudaIpcOpArea>();
       cu::CUresult r = cu::kSuccess;
       if (f.event != nullptr) {
-        auto& area = f.op->transport_area<CudaIpcOpArea>();
-        cu::ScopedContext scope(driver_, cu::primary_context(driver_, area.device));
-        r = driver_.event_query(f.event);
+        try {
+          cu::ScopedContext scope(driver_, cu::primary_context(driver_, area.device));
+          r = driver_.event_query(f.event);
+        } catch (const Error&) {
+          r = cu::kErrorInvalidContext;  // retained when the copies went out: not expected
+        }
       }
       if (r == cu::kErrorNotReady) {
         ++i;
         continue;
       }
-      Status outcome;
-      if (r != cu::kSuccess) outcome = driver_.status(r, "cuEventQuery");
-      if (f.event != nullptr) free_events_.push_back(f.event);
+      Done d{f.op, {}, f.failed};
+      if (r != cu::kSuccess) d.outcome = driver_.status(r, "cuEventQuery");
+      give_event(area.device, f.event);
+      // Every byte landed in the target's memory (the copy's event): the notification follows,
+      // before the op lets go of its mappings (a CLOSED after it would end the target's grant).
+      if (f.op->kind == OpKind::kWrite && f.op->with_imm && !d.failed && d.outcome.ok() &&
+          !send({FrameType::kImm, ErrorCode::kOk, Access::kLocal, 0, f.op->imm})) {
+        d.outcome = {ErrorCode::kPeerLost, "cuda_ipc: the channel closed before the immediate"};
+      }
       release_mappings(*f.op);
-      done_.push_back({f.op, outcome, f.failed || !outcome.ok()});
+      done_.push_back(std::move(d));
       in_flight_[i] = in_flight_.back();
       in_flight_.pop_back();
     }
     more = !in_flight_.empty();
     ended = stopping_ && !more;
   }
-  for (const Done& d : done_) complete(d);
+  for (const Done& d : done_) {
+    if (!d.outcome.ok()) d.op->record_error(d.outcome);
+    if (d.op->finish_slices(d.op->pending.load())) d.op->finish_posted();
+  }
   if (more) wake_poller();
   if (ended) finish_closing();
   return !done_.empty();
 }
 
-void CudaIpcChannel::complete(const Done& d) {
-  OpState* op = d.op;
-  if (!d.outcome.ok()) op->record_error(d.outcome);
-  // Every byte landed in the target's memory (the copy's event): the notification follows.
-  if (op->kind == OpKind::kWrite && op->with_imm && !d.failed &&
-      !send({FrameType::kImm, ErrorCode::kOk, Access::kLocal, 0, op->imm})) {
-    op->record_error({ErrorCode::kPeerLost, "cuda_ipc: the channel closed before the immediate"});
+void CudaIpcChannel::fail_waiting(std::vector<OpState*>& ops, const Status& why,
+                                  std::vector<OpState*>& finished) {
+  for (OpState* op : ops) {
+    auto& area = op->transport_area<CudaIpcOpArea>();
+    op->record_error(why);
+    area.failed = 1;
+    if (--area.waiting > 0) continue;  // still in another mapping's list: it ends from there
+    release_mappings(*op);
+    finished.push_back(op);
   }
-  if (op->finish_slices(op->pending.load())) op->finish_posted();
+  ops.clear();
 }
 
 void CudaIpcChannel::fail_mapping(uint32_t region, const Status& why,
                                   std::vector<OpState*>& finished) {
   auto it = mappings_.find(region);
   if (it == mappings_.end()) return;
-  for (OpState* op : it->second.waiting) {
-    auto& area = op->transport_area<CudaIpcOpArea>();
-    op->record_error(why);
-    area.failed = 1;
-    if (--area.waiting == 0) finished.push_back(op);
-  }
-  mappings_.erase(it);
+  waiting_.swap(it->second.waiting);
+  mappings_.erase(it);  // first: releasing the ops' other mappings must not find it
+  fail_waiting(waiting_, why, finished);
 }
 
 void CudaIpcChannel::unmap(uint32_t region) {
   auto it = mappings_.find(region);
   if (it == mappings_.end()) return;
   if (it->second.base != 0) {
-    cu::ScopedContext scope(driver_, cu::primary_context(driver_, it->second.device));
-    cu::CUresult r = driver_.ipc_close_mem_handle(it->second.base);
+    cu::CUresult r = cu::kErrorInvalidContext;
+    try {
+      cu::ScopedContext scope(driver_, cu::primary_context(driver_, it->second.device));
+      r = driver_.ipc_close_mem_handle(it->second.base);
+    } catch (const Error&) {
+    }
     if (r != cu::kSuccess) {
       core::log(LogLevel::kWarn, "cuda_ipc", [&] {
         return driver_.status(r, "cuIpcCloseMemHandle region " + std::to_string(region))
@@ -314,7 +368,7 @@ bool CudaIpcChannel::make_room() {
   auto idle = mappings_.end();
   for (auto it = mappings_.begin(); it != mappings_.end(); ++it) {
     const Mapping& m = it->second;
-    if (m.state != Mapping::kOpen || m.in_flight > 0 || !m.waiting.empty()) continue;
+    if (m.state != Mapping::kOpen || m.uses > 0) continue;
     if (idle == mappings_.end() || m.last_used < idle->second.last_used) idle = it;
   }
   if (idle == mappings_.end()) return false;
@@ -342,16 +396,27 @@ void CudaIpcChannel::on_opened(const Frame& frame) {
 
 void CudaIpcChannel::answered(Mapping& m, const Frame& frame, std::vector<OpState*>& finished) {
   std::string region = "cuda_ipc: map region " + std::to_string(frame.region);
-  if (frame.code != ErrorCode::kOk) {
-    fail_mapping(
-        frame.region,
-        {frame.code, region + ": the target refused: " + std::string(to_string(frame.code))},
-        finished);
+  if (m.give_back) {
+    // Revoked while this answer was on its way: what waits for it fails; the mapping goes once
+    // the ops holding it ended.
+    m.state = Mapping::kOpen;
+    m.asked = m.granted;
+    waiting_.swap(m.waiting);
+    fail_waiting(waiting_, {ErrorCode::kRevoked, region + ": it was deregistered"}, finished);
     return;
   }
-  Status opened;
-  m.device = m.waiting.empty() ? 0 : m.waiting.front()->transport_area<CudaIpcOpArea>().device;
-  if (!same_process_ && m.base == 0) {
+  Status refused;
+  if (frame.code != ErrorCode::kOk) {
+    refused = {frame.code, region + ": the target refused: " + std::string(to_string(frame.code))};
+    // Nothing granted before: the mapping goes with its waiting ops. Else only more access was
+    // refused, and the mapping stays for what was granted.
+    if (m.granted == Access::kLocal) {
+      fail_mapping(frame.region, refused, finished);
+      return;
+    }
+  } else if (!same_process_ && m.base == 0) {
+    Status opened;
+    m.device = m.waiting.empty() ? 0 : m.waiting.front()->transport_area<CudaIpcOpArea>().device;
     try {
       cu::ScopedContext scope(driver_, cu::primary_context(driver_, m.device));
       opened = driver_.status(
@@ -360,29 +425,37 @@ void CudaIpcChannel::answered(Mapping& m, const Frame& frame, std::vector<OpStat
     } catch (const Error& e) {
       opened = e.status();
     }
+    if (!opened.ok()) {
+      fail_mapping(frame.region, {opened.code(), region + ": " + opened.message()}, finished);
+      send({FrameType::kClosed, ErrorCode::kOk, Access::kLocal, frame.region, 0});
+      return;
+    }
   }
-  if (!opened.ok()) {
-    fail_mapping(frame.region, {opened.code(), region + ": " + opened.message()}, finished);
-    send({FrameType::kClosed, ErrorCode::kOk, Access::kLocal, frame.region, 0});
-    return;
-  }
+  if (refused.ok()) m.granted = m.asked;
+  m.asked = m.granted;
   m.state = Mapping::kOpen;
-  m.granted = m.asked;
+  std::vector<OpState*> ready;
   waiting_.swap(m.waiting);  // the mapping keeps the capacity of the list it gets
   for (OpState* op : waiting_) {
-    if (!allows(m.granted, access_for(*op))) {
-      // Asked for by an op of the other kind while the first answer was on its way.
-      if (m.state == Mapping::kOpen) {
-        m.state = Mapping::kAsking;
-        m.asked = m.granted | access_for(*op);
-        send({FrameType::kOpen, ErrorCode::kOk, m.asked, frame.region, m.key.table_key});
-      }
-      m.waiting.push_back(op);
-      continue;
-    }
     auto& area = op->transport_area<CudaIpcOpArea>();
+    if (!allows(m.granted, access_for(*op))) {
+      if (!refused.ok()) {
+        op->record_error(refused);
+        area.failed = 1;
+      } else {
+        // Asked for by an op of the other kind while the first answer was on its way.
+        if (m.state == Mapping::kOpen) {
+          m.state = Mapping::kAsking;
+          m.asked = m.granted | access_for(*op);
+          send({FrameType::kOpen, ErrorCode::kOk, m.asked, frame.region, m.key.table_key});
+        }
+        m.waiting.push_back(op);
+        continue;
+      }
+    }
     if (--area.waiting > 0) continue;
     if (area.failed != 0) {
+      release_mappings(*op);  // may close this very mapping: `m` is not used after
       finished.push_back(op);
     } else {
       start_copies(op);
@@ -400,7 +473,10 @@ void CudaIpcChannel::on_open(const Frame& frame) {
     auto it = lent_.find(frame.region);
     if (it != lent_.end()) {
       // Mapped already: the peer asks for more access.
-      if (!allows(it->second.use.slot()->access, frame.access)) {
+      const RegionSlot* slot = it->second.use.slot();
+      if (slot->state.load() != RegionSlot::kActive) {
+        code = ErrorCode::kRevoked;
+      } else if (!allows(slot->access, frame.access)) {
         code = ErrorCode::kPermissionDenied;
       } else {
         it->second.access = it->second.access | frame.access;
@@ -442,6 +518,11 @@ void CudaIpcChannel::cut_off(const uint8_t* base, uint64_t length, const Status&
 // ---------------------------------------------------------------- the side connection
 
 void CudaIpcChannel::handle(const Frame& frame) {
+  {
+    // Closing: nothing more is granted, mapped or delivered.
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+  }
   switch (frame.type) {
     case FrameType::kOpen:
       on_open(frame);
@@ -459,9 +540,10 @@ void CudaIpcChannel::handle(const Frame& frame) {
       auto it = mappings_.find(frame.region);
       if (it == mappings_.end()) {
         send({FrameType::kClosed, ErrorCode::kOk, Access::kLocal, frame.region, 0});
-      } else if (it->second.state == Mapping::kOpen) {
+      } else {
+        // Asked for more access meanwhile: the answer finds it revoked (answered()).
         it->second.give_back = true;
-        if (it->second.in_flight == 0) unmap(frame.region);
+        if (it->second.uses == 0) unmap(frame.region);
       }
       return;
     }
@@ -486,12 +568,17 @@ void CudaIpcChannel::handle(const Frame& frame) {
 
 void CudaIpcChannel::on_event(uint32_t events) {
   if ((events & EPOLLOUT) != 0) {
-    std::lock_guard lock(send_mu_);
-    if (Status s = flush_locked(); !s.ok()) {
-      close(s);
+    Status flushed;
+    {
+      std::lock_guard lock(send_mu_);
+      flushed = flush_locked();
+      if (flushed.ok() && out_.empty())
+        host_.reactor().modify(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP, this);
+    }
+    if (!flushed.ok()) {
+      close(flushed);  // it takes send_mu_
       return;
     }
-    if (out_.empty()) host_.reactor().modify(loop_, fd_.get(), EPOLLIN | EPOLLRDHUP, this);
   }
   if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) == 0) return;
   uint8_t buf[4096];
@@ -649,7 +736,7 @@ void CudaIpcChannel::stop_after_reactor() {
         driver_.event_synchronize(f.event);
       } catch (const Error&) {
       }
-      free_events_.push_back(f.event);
+      give_event(area.device, f.event);
     }
   }
   for (const InFlight& f : copies) {

@@ -86,8 +86,8 @@ class CudaIpcChannel final : public Channel,
     Key key;
     core::cuda::CUdeviceptr base = 0;  // the mapped allocation (0 for a peer in this process)
     int device = 0;                    // whose context mapped it
-    int in_flight = 0;                 // operations copying through it
-    bool give_back = false;            // the target revoked it: close once in_flight is 0
+    int uses = 0;                      // entries of operations posted through it and not yet ended
+    bool give_back = false;            // the target revoked it: close once uses is 0
     uint64_t last_used = 0;
     std::vector<OpState*> waiting;  // ops posted while it was asked for
   };
@@ -109,18 +109,25 @@ class CudaIpcChannel final : public Channel,
     Access access = Access::kLocal;
   };
 
+  // Forgets the mappings of the op's regions that were made for it and never asked for (it was
+  // refused before asking). Caller holds mu_.
+  void forget_unasked(const OpState& op);
   // Puts the op's copies on a stream and records its event. Caller holds mu_.
   void start_copies(OpState* op);
   // Queues the copy of entry `e` through mapping `m`.
   core::cuda::CUresult copy_entry(const OpState& op, const OpEntry& e, const Mapping& m,
                                   core::cuda::CUstream stream);
-  // The op's copies ended: its mappings are free of it. Caller holds mu_.
+  // The op ended: its mappings are free of it (one given back meanwhile closes). Caller holds
+  // mu_.
   void release_mappings(const OpState& op);
-  // Sends a write_with_imm's immediate and completes the op. Without mu_.
-  void complete(const Done& d);
-  // Fails the ops waiting for `region`'s mapping (those waiting for nothing else go to
-  // `finished`, to complete without mu_) and forgets it. Caller holds mu_.
+  // Fails `ops` (waiting for a mapping) with `why`; those waiting for nothing else let go of
+  // their mappings and go to `finished`, to complete without mu_. Caller holds mu_.
+  void fail_waiting(std::vector<OpState*>& ops, const Status& why, std::vector<OpState*>& finished);
+  // Fails the ops waiting for `region`'s mapping and forgets it. Caller holds mu_.
   void fail_mapping(uint32_t region, const Status& why, std::vector<OpState*>& finished);
+  // An event of `device`'s context, from its pool or made; and back. Caller holds mu_.
+  core::cuda::CUevent take_event(int device);
+  void give_event(int device, core::cuda::CUevent event);
   // Closes `region`'s mapping and tells the target. Caller holds mu_.
   void unmap(uint32_t region);
   // Makes room for one more mapping: closes the least recently used idle one. Caller holds mu_.
@@ -159,7 +166,7 @@ class CudaIpcChannel final : public Channel,
   std::vector<OpState*> waiting_;          // on_opened's, kept across calls
   std::atomic<bool> loop_polling_{false};  // between begin_polling and end_polling
   std::atomic<bool> poll_task_{false};     // a task that polls is queued on the loop
-  std::vector<core::cuda::CUevent> free_events_;
+  std::vector<std::vector<core::cuda::CUevent>> free_events_;  // by device
   std::vector<core::cuda::CUstream> streams_;  // device-major, settings_.streams each
   uint64_t use_clock_ = 0;
   bool stopping_ = false;  // closing: no new copies; finish_closing once in_flight_ is empty
