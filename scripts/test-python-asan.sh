@@ -16,6 +16,7 @@ test -x "$venv/bin/python" || "$python" -m venv --system-site-packages "$venv"
 "$venv/bin/python" -m pip install -q ".[test]" \
   --config-settings=build-dir=build/python-asan \
   --config-settings=cmake.build-type=RelWithDebInfo \
+  "--config-settings=cmake.define.CMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
   "--config-settings=cmake.define.CMAKE_CXX_FLAGS=$flags" \
   "--config-settings=cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined"
 cd python/tests
