@@ -68,18 +68,26 @@ Loaded load() {
             bind(lib, "cuIpcGetMemHandle", d.ipc_get_mem_handle, l.why) &&
             bind(lib, "cuIpcOpenMemHandle_v2", d.ipc_open_mem_handle, l.why) &&
             bind(lib, "cuIpcCloseMemHandle", d.ipc_close_mem_handle, l.why);
-  if (!ok) return l;
-  CUresult r = d.init(0);
-  if (r != kSuccess) {
-    l.why = "cuInit: " + d.describe(r);
-    return l;
-  }
-  l.ok = true;
+  l.ok = ok;
   return l;
 }
 
 const Loaded& loaded() {
   static const Loaded l = load();
+  return l;
+}
+
+// cuInit once, on the first call that needs a device: the library alone initializes nothing.
+const Loaded& initialized() {
+  static const Loaded l = [] {
+    Loaded out = loaded();
+    if (!out.ok) return out;
+    if (CUresult r = out.driver.init(0); r != kSuccess) {
+      out.ok = false;
+      out.why = "cuInit: " + out.driver.describe(r);
+    }
+    return out;
+  }();
   return l;
 }
 
@@ -102,6 +110,12 @@ ErrorCode code_for(CUresult result) {
 }  // namespace
 
 const Driver* Driver::get(std::string* why) {
+  const Loaded& l = initialized();
+  if (!l.ok && why != nullptr) *why = l.why;
+  return l.ok ? &l.driver : nullptr;
+}
+
+const Driver* Driver::bound(std::string* why) {
   const Loaded& l = loaded();
   if (!l.ok && why != nullptr) *why = l.why;
   return l.ok ? &l.driver : nullptr;
@@ -130,7 +144,10 @@ void Driver::check(CUresult result, std::string_view call) const {
 
 PointerInfo pointer_info(const void* pointer) {
   PointerInfo info;
-  const Driver* d = Driver::get();
+  // Not Driver::get(): a process that never initialized CUDA holds no device memory (the call
+  // answers CUDA_ERROR_NOT_INITIALIZED, read as host memory), and initializing it here would
+  // cost every host-memory user a driver start and break CUDA in children it forks.
+  const Driver* d = Driver::bound();
   if (d == nullptr || pointer == nullptr) return info;
   unsigned memory_type = 0;
   int ordinal = -1;
@@ -201,6 +218,9 @@ CUcontext primary_context(const Driver& driver, int device) {
   if (device < 0 || device >= static_cast<int>(contexts.size()))
     throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device));
   if (contexts[device] == nullptr) {
+    // Idempotent; the driver may be bound only (a transport opened in a process whose
+    // application initialized CUDA itself).
+    driver.check(driver.init(0), "cuInit");
     CUdevice dev = 0;
     driver.check(driver.device_get(&dev, device), "cuDeviceGet " + std::to_string(device));
     driver.check(driver.primary_ctx_retain(&contexts[device], dev),

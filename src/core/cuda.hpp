@@ -1,7 +1,7 @@
 // The CUDA driver API, loaded at run time from libcuda.so.1 (as verbs loads libibverbs): the
 // same binary runs without a GPU, a driver or the CUDA toolkit; then Driver::get() says why CUDA
 // is unavailable. Ferry declares the few types and constants it uses itself, with the values
-// of the toolkit's cuda.h (tests/unit/cuda_abi_test.cpp checks them against it where the toolkit
+// of the toolkit's cuda.h (tests/cuda/abi_test.cpp checks them against it where the toolkit
 // is installed), so building needs no toolkit either.
 //
 // Only the versioned entry points a current cuda.h maps its names to are bound (cuMemAlloc is
@@ -121,6 +121,9 @@ struct Driver {
   // The process-wide table, loaded and cuInit()ed once; null with `why` set when there is no
   // usable driver (no libcuda.so.1, a symbol missing, cuInit failing: "no CUDA device").
   static const Driver* get(std::string* why = nullptr);
+  // The same table without cuInit, for code that must not start CUDA in a process that does
+  // not use it: until someone calls cuInit, its calls answer CUDA_ERROR_NOT_INITIALIZED.
+  static const Driver* bound(std::string* why = nullptr);
 
   // "CUDA_ERROR_INVALID_VALUE: invalid argument"
   std::string describe(CUresult result) const;

@@ -2,6 +2,11 @@
 // allocations on a device, descriptors carrying them, what no transport moves refused with the
 // reason, and ferry info listing the GPUs.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 
 #include "cuda_test_support.hpp"
 #include "support/cli_process.hpp"
@@ -125,6 +130,29 @@ TEST(CudaRegion, FerryInfoListsTheGpus) {
   out.clear();
   EXPECT_EQ(run("info --json", out), 0) << out;
   EXPECT_NE(out.find("\"cuda\":{\"driver\":true"), std::string::npos) << out;
+}
+
+// CUDA starts only where CUDA memory is used: an engine moving host memory (cuda_ipc opened
+// among the default transports, every buffer's pointer classified) never calls cuInit, so it
+// costs nothing and leaves fork() safe for CUDA in the children; ferry info does.
+TEST(CudaRegion, HostMemoryLeavesCudaUnstarted) {
+  if (!standin()) GTEST_SKIP() << "the stand-in logs which processes call cuInit";
+  std::string log = ::testing::TempDir() + "ferry-init-log-" + std::to_string(::getpid());
+  std::remove(log.c_str());
+  ASSERT_EQ(::setenv("FERRY_STANDIN_INIT_LOG", log.c_str(), 1), 0);
+  auto lines = [&] {
+    std::ifstream in(log);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  };
+  std::string out;
+  EXPECT_EQ(run("bench --op write,read,write_imm,send --sizes 4K,1M --iters 3", out), 0) << out;
+  EXPECT_EQ(lines(), 0U) << "a host-memory bench started CUDA";
+  EXPECT_EQ(run("info", out), 0) << out;
+  EXPECT_EQ(lines(), 1U) << "ferry info lists the GPUs, so it starts CUDA";
+  ::unsetenv("FERRY_STANDIN_INIT_LOG");
+  std::remove(log.c_str());
 }
 
 }  // namespace

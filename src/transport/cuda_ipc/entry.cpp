@@ -22,7 +22,9 @@ std::unique_ptr<Transport> open(const Config& config, std::string& why) {
   cuda_ipc::Settings settings;
   settings.streams = static_cast<int>(number_setting(config, kName, kSettings[0]));
   settings.mappings = static_cast<int>(number_setting(config, kName, kSettings[1]));
-  const core::cuda::Driver* driver = core::cuda::Driver::get(&why);
+  // Bound, not initialized: an engine that never meets CUDA memory leaves CUDA unstarted; a
+  // CUDA region exists only once something in the process called cuInit.
+  const core::cuda::Driver* driver = core::cuda::Driver::bound(&why);
   if (driver == nullptr) return nullptr;
   return std::make_unique<cuda_ipc::CudaIpcTransport>(*driver, settings);
 }

@@ -14,7 +14,9 @@
 //   touching freed memory or running past an allocation's end.
 //
 // Settings (environment): FERRY_STANDIN_DEVICES (2; 0 makes cuInit fail with
-// CUDA_ERROR_NO_DEVICE), FERRY_STANDIN_DEVICE_MEMORY (bytes per device, 8 GiB).
+// CUDA_ERROR_NO_DEVICE), FERRY_STANDIN_DEVICE_MEMORY (bytes per device, 8 GiB),
+// FERRY_STANDIN_INIT_LOG (a file each process's first cuInit appends its pid to: tests see who
+// started CUDA).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -436,6 +438,12 @@ STANDIN_API CUresult cuInit(unsigned flags) {
   std::lock_guard lock(s.mu);
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (s.initialized) return CUDA_SUCCESS;
+  if (const char* log = std::getenv("FERRY_STANDIN_INIT_LOG"); log != nullptr && *log != 0) {
+    if (FILE* f = std::fopen(log, "a")) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+  }
   s.devices =
       static_cast<int>(std::min<std::size_t>(env_size("FERRY_STANDIN_DEVICES", 2), kMaxDevices));
   if (s.devices == 0) return CUDA_ERROR_NO_DEVICE;
