@@ -130,12 +130,18 @@ VENV ?= build/venv
 # Debian's interpreter, whose site packages hold the suite's torch (scripts/install-deps.sh);
 # the venv sees them, and pip adds only what they lack.
 SYSTEM_PYTHON ?= /usr/bin/python3
+# What the Python suites require rather than skip: torch, and the CUDA stand-in the GPU cases
+# load as libcuda.so.1 (python/tests/test_cuda.py).
+PYTHON_TEST_ENV = FERRY_REQUIRE_TORCH=1 FERRY_REQUIRE_CUDA_STANDIN=1 \
+  FERRY_CUDA_STANDIN=$(CURDIR)/build/release/tests/cuda-standin
 # The pytest suite (torch included), then `pip wheel .` (the compile cached in the same build
 # folder) installed alone into a venv of its own, running an example.
 test-python: deps-test
 	test -x $(VENV)/bin/python || $(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/python -m pip install -q ".[test]"
-	cd python/tests && FERRY_REQUIRE_TORCH=1 ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cuda_standin
+	cd python/tests && $(PYTHON_TEST_ENV) ../../$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 	rm -rf build/wheels build/venv-wheel
 	$(VENV)/bin/python -m pip wheel -q --no-deps -w build/wheels .
 	$(SYSTEM_PYTHON) -m venv --system-site-packages build/venv-wheel
@@ -163,7 +169,9 @@ test-gpu: deps-test
 
 # The same suite against an ASan+UBSan build of the extension (its own venv and build folder).
 test-python-asan: deps-test
-	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/test-python-asan.sh
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target ferry_cuda_standin
+	$(PYTHON_TEST_ENV) SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/test-python-asan.sh
 
 # The package as it is now, in build/venv, for the Python benchmarks.
 python-package: build

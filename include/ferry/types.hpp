@@ -57,6 +57,8 @@ struct Memory {
 };
 // "host", "cuda:1"
 FERRY_API std::string to_string(const Memory& memory);
+// The inverse: "host", "cuda" (device 0) or "cuda:N"; throws kInvalidArgument naming the text.
+FERRY_API Memory parse_memory(std::string_view text);
 
 // How far a peer is from this engine, as the handshake proved it (same kernel boot and the same
 // process and network namespaces make the same host).

@@ -127,6 +127,7 @@ struct PyRegion {
   nb::object engine;  // PyEngine: outlives its registrations
   nb::object owner;   // the registered object (array, tensor, bytearray), until deregistered
   bool read_only = false;
+  std::optional<Memory> expected;  // what a DLPack export said the memory is, checked once
   // Dropping the region waits for its operations, whose callbacks need the GIL: it is released
   // meanwhile (inside a callback the drop returns at once, the rest on another thread).
   ~PyRegion();

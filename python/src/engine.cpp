@@ -43,10 +43,21 @@ class MemoryHold {
   SharedRef owner_;
 };
 
+// Whether `obj` says (__dlpack_device__) its memory is not the CPU's: such an object may still
+// offer the buffer protocol (nanobind's arrays do) and refuse it, so DLPack is asked instead.
+bool on_device(nb::handle obj) {
+  if (!nb::hasattr(obj, "__dlpack_device__")) return false;
+  nb::object said = obj.attr("__dlpack_device__")();
+  nb::tuple where;
+  int type = 0;
+  return nb::try_cast(said, where) && where.size() == 2 && nb::try_cast(where[0], type) &&
+         type != nb::device::cpu::value;
+}
+
 void take_memory(PyRegion& r, nb::handle obj, Access access, void*& data, std::size_t& length,
                  std::optional<Py_buffer>& taken) {
   bool remote_write = allows(access, Access::kRemoteWrite);
-  if (PyObject_CheckBuffer(obj.ptr())) {
+  if (!on_device(obj) && PyObject_CheckBuffer(obj.ptr())) {
     Py_buffer view;
     if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
       PyErr_Clear();
@@ -77,9 +88,14 @@ void take_memory(PyRegion& r, nb::handle obj, Access access, void*& data, std::s
   if (!nb::try_cast(obj, array, false)) {
     throw Error(ErrorCode::kInvalidArgument, "register: the object's DLPack export failed");
   }
-  if (array.device_type() != nb::device::cpu::value) {
-    throw Error(ErrorCode::kUnsupported, "register: only CPU memory can be registered so far");
+  const int32_t device = array.device_type();
+  if (device != nb::device::cpu::value && device != nb::device::cuda::value &&
+      device != nb::device::cuda_host::value) {
+    throw Error(ErrorCode::kUnsupported,
+                "register: memory of DLPack device type " + std::to_string(device) +
+                    " cannot be registered (CPU, CUDA and CUDA host memory can)");
   }
+  if (device == nb::device::cuda::value) r.expected = Memory::cuda(array.device_id());
   // Contiguous in C order: each stride is the product of the sizes after it.
   int64_t expected = 1;
   for (std::size_t d = array.ndim(); d-- > 0;) {
@@ -159,6 +175,9 @@ void bind_region(nb::module_& m) {
             return reinterpret_cast<uintptr_t>(r.region.valid() ? r.region.data() : nullptr);
           })
       .def_prop_ro("access", [](const PyRegion& r) { return r.get().access(); })
+      .def_prop_ro(
+          "location", [](const PyRegion& r) { return to_string(r.get().location()); },
+          "Where the memory is: 'host' or 'cuda:N'.")
       .def_prop_ro("read_only", [](const PyRegion& r) { return r.read_only; })
       .def_prop_ro("valid", [](const PyRegion& r) { return r.region.valid(); })
       .def_prop_ro(
@@ -239,20 +258,32 @@ void bind_memory(nb::class_<PyEngine>& cls) {
            region->engine = nb::borrow(self);
            auto hold = std::make_shared<MemoryHold>(view, region->owner);
            region->region = engine.get().register_memory(data, length, access, std::move(hold));
+           // The engine tells memory kinds apart by asking the CUDA driver; a CUDA export it
+           // takes for host memory would be touched by the CPU, so the two must agree.
+           if (region->expected && region->region.location() != *region->expected) {
+             std::string said = to_string(region->region.location());
+             region->deregister();
+             throw Error(ErrorCode::kInvalidArgument, "register: DLPack says the memory is on " +
+                                                          to_string(*region->expected) +
+                                                          " but the CUDA driver says " + said);
+           }
            return region.release();
          },
          "obj"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
-         "Register the memory of `obj` (buffer protocol or DLPack: NumPy arrays, torch CPU "
-         "tensors, bytearray) without copying it. The object stays alive while registered.")
+         "Register the memory of `obj` (buffer protocol or DLPack: NumPy arrays, torch CPU and "
+         "CUDA tensors, bytearray) without copying it. The object stays alive while registered. "
+         "Transfers do not wait for work queued on the object's CUDA streams: synchronize "
+         "before posting one that reads what a kernel writes.")
       .def(
           "allocate",
-          [](nb::handle self, std::size_t length, Access access) {
+          [](nb::handle self, std::size_t length, Access access, const std::string& memory) {
             auto& engine = nb::cast<PyEngine&>(self);
+            Memory where = parse_memory(memory);
             auto region = std::make_unique<PyRegion>();
             region->engine = nb::borrow(self);
             {
               nb::gil_scoped_release unlocked;  // zeroing large memory takes a while
-              region->region = engine.get().allocate(length, access);
+              region->region = engine.get().allocate(length, access, where);
             }
             // The array holds the memory, so it stays valid after deregistration (the bytes
             // are then this process's alone).
@@ -260,14 +291,23 @@ void bind_memory(nb::class_<PyEngine>& cls) {
             nb::capsule holder(
                 kept, [](void* p) noexcept { delete static_cast<std::shared_ptr<void>*>(p); });
             std::size_t shape[1] = {length};
-            region->owner = nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
-                region->region.data(), 1, shape, holder));
+            if (where.kind == MemoryKind::kHost) {
+              region->owner = nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
+                  region->region.data(), 1, shape, holder));
+            } else {
+              region->owner = nb::cast(nb::ndarray<nb::array_api, uint8_t, nb::ndim<1>>(
+                  region->region.data(), 1, shape, holder, nullptr, nb::dtype<uint8_t>(),
+                  nb::device::cuda::value, where.device));
+            }
             return region.release();
           },
-          "length"_a, "access"_a = Access::kLocal, nb::rv_policy::take_ownership,
-          "Allocate `length` zeroed bytes that the engine registers with `access`: a same-host "
-          "peer maps them and copies with plain memcpy. Region.obj is a NumPy uint8 array over "
-          "them, valid for as long as it lives, even after deregistration.");
+          "length"_a, "access"_a = Access::kLocal, "memory"_a = "host",
+          nb::rv_policy::take_ownership,
+          "Allocate `length` zeroed bytes that the engine registers with `access`, in host "
+          "memory or on a GPU (memory='cuda:0'). For host memory a same-host peer maps them and "
+          "copies with plain memcpy; Region.obj is a NumPy uint8 array over them, for GPU memory "
+          "a DLPack array (torch.from_dlpack takes it). It stays valid for as long as it lives, "
+          "even after deregistration.");
 }
 
 // `dial(stop)` (Engine::connect or connect_named) on a thread of its own, so that this one can

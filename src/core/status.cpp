@@ -1,4 +1,5 @@
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "core/sys.hpp"
@@ -99,6 +100,21 @@ std::string to_string(const Memory& memory) {
   std::string out(to_string(memory.kind));
   if (memory.kind == MemoryKind::kCuda) out += ":" + std::to_string(memory.device);
   return out;
+}
+
+Memory parse_memory(std::string_view text) {
+  if (text == "host") return Memory::host();
+  if (text == "cuda") return Memory::cuda(0);
+  constexpr std::string_view kCudaPrefix = "cuda:";
+  if (text.starts_with(kCudaPrefix)) {
+    std::string_view digits = text.substr(kCudaPrefix.size());
+    int device = 0;
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), device);
+    if (ec == std::errc() && end == digits.data() + digits.size() && !digits.empty() && device >= 0)
+      return Memory::cuda(device);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "memory '" + std::string(text) + "': expected host, cuda or cuda:N");
 }
 
 namespace core {

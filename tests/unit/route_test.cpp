@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/locality.hpp"
+#include "ferry/error.hpp"
+#include "ferry/types.hpp"
 #include "transport/registry.hpp"
 
 namespace ferry::engine {
@@ -112,6 +114,22 @@ TEST(Route, PlanFillsTheTableAndExplainsEveryConfiguredTransport) {
   EXPECT_EQ(r.info[2].why,
             "verbs: not usable here: no RDMA device; loopback: chosen (rank 2); tcp: fallback "
             "(rank 3, for descriptors without a loopback key)");
+}
+
+TEST(Memory, NamesRoundTripAndOthersAreRefusedByName) {
+  for (Memory m : {Memory::host(), Memory::cuda(0), Memory::cuda(7), Memory::cuda(123)})
+    EXPECT_EQ(parse_memory(to_string(m)), m) << to_string(m);
+  EXPECT_EQ(parse_memory("cuda"), Memory::cuda(0));
+  for (std::string bad : {"", "gpu", "Host", "cuda:", "cuda:x", "cuda:-1", "cuda:1 ", " host",
+                          "cuda:99999999999999999999", "cuda:0:1"}) {
+    try {
+      parse_memory(bad);
+      ADD_FAILURE() << "'" << bad << "' parsed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.status().message(), "memory '" + bad + "': expected host, cuda or cuda:N");
+    }
+  }
 }
 
 TEST(Locality, ReachComparesHostAndProcess) {
