@@ -3,8 +3,10 @@
 // before deregister() returns; a killed peer; the bounded cache of mappings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <future>
+#include <thread>
 
 #include "cuda_test_support.hpp"
 
@@ -179,6 +181,111 @@ TEST(CudaIpc, DeregisteringWaitsUntilThePeerUnmappedTheRegion) {
   Status s = p.peer.write({&t, 1}).wait(kWait);
   EXPECT_TRUE(s.code() == ErrorCode::kRevoked || s.code() == ErrorCode::kUnknownRegion)
       << s.to_string();
+}
+
+// A page-table batch between two devices: 10,000 entries of an odd size, scattered over the
+// target's region, then read back into another region in the opposite order.
+TEST(CudaIpc, TenThousandScatteredEntriesBetweenTwoDevices) {
+  if (Engine::gpus().gpus.size() < 2) GTEST_SKIP() << "needs two GPUs";
+  Pair p(cuda_config(), cuda_config());
+  constexpr std::size_t kEntries = 10000, kEntry = 333;
+  constexpr std::size_t kBytes = kEntries * kEntry;
+  Region src = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
+  Region back = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
+  Region dst = p.target.allocate(2 * kBytes, Access::kRemoteReadWrite, Memory::cuda(1));
+  auto bytes = pattern(kBytes, 17);
+  put(src, bytes);
+  Descriptor d = dst.descriptor();
+  std::vector<Transfer> writes, reads;
+  for (std::size_t i = 0; i < kEntries; ++i) {
+    uint64_t remote = (i * 7919 % kEntries) * 2 * kEntry + i % 3;  // a permutation, spaced
+    writes.push_back({&src, i * kEntry, &d, remote, kEntry});
+    reads.push_back({&back, (kEntries - 1 - i) * kEntry, &d, remote, kEntry});
+  }
+  Future written = p.peer.write(writes);
+  ASSERT_TRUE(written.wait(kWait).ok()) << written.status().to_string();
+  EXPECT_EQ(written.bytes(), kBytes);
+  ASSERT_TRUE(p.peer.read(reads).wait(kWait).ok());
+  auto got = get(back, 0, kBytes);
+  for (std::size_t i = 0; i < kEntries; ++i) {
+    ASSERT_TRUE(std::equal(bytes.begin() + static_cast<long>(i * kEntry),
+                           bytes.begin() + static_cast<long>((i + 1) * kEntry),
+                           got.begin() + static_cast<long>((kEntries - 1 - i) * kEntry)))
+        << "entry " << i;
+  }
+}
+
+// Threads post at once through one peer, each into its own area; every byte lands.
+TEST(CudaIpc, ManyThreadsPostThroughOnePeer) {
+  Pair p(cuda_config(), cuda_config());
+  constexpr int kThreads = 4, kOps = 100;
+  constexpr std::size_t kArea = 64 << 10;
+  Region src = p.initiator.allocate(kThreads * kArea, Access::kLocal, Memory::cuda(0));
+  Region dst = p.target.allocate(kThreads * kArea, Access::kRemoteReadWrite, Memory::cuda(0));
+  auto bytes = pattern(kThreads * kArea, 5);
+  put(src, bytes);
+  Descriptor d = dst.descriptor();
+  std::vector<std::thread> threads;
+  std::vector<Status> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kOps && failures[t].ok(); ++i) {
+        uint64_t at = t * kArea + (i * 4099) % (kArea - 8192);
+        Transfer tr{&src, at, &d, at, 8192};
+        Future f = i % 2 == 0 ? p.peer.write({&tr, 1}) : p.peer.write_with_imm({&tr, 1}, i);
+        failures[t] = f.wait(kWait);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : failures) ASSERT_TRUE(s.ok()) << s.to_string();
+  for (int i = 0; i < kThreads * kOps / 2; ++i) ASSERT_TRUE(p.target.next_imm(kWait).has_value());
+  // Every written span holds the source's bytes; the rest of the target is still zero.
+  auto got = get(dst, 0, kThreads * kArea);
+  std::vector<bool> written(kThreads * kArea);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kOps; ++i) {
+      std::size_t at = t * kArea + (i * 4099) % (kArea - 8192);
+      std::fill(written.begin() + static_cast<long>(at),
+                written.begin() + static_cast<long>(at + 8192), true);
+    }
+  }
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(got[i], written[i] ? bytes[i] : 0) << "byte " << i;
+}
+
+// Closing the peer, or shutting the engine down, while copies are queued: every operation
+// ends, done or cancelled, none hangs, and the regions deregister after.
+TEST(CudaIpc, ClosingOrShuttingDownMidFlightEndsEveryOperation) {
+  for (bool shutdown : {false, true}) {
+    SCOPED_TRACE(shutdown ? "shutdown" : "close");
+    Pair p(cuda_config(), cuda_config());
+    constexpr std::size_t kBytes = 16 << 20;
+    Region src = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
+    Region dst = p.target.allocate(kBytes, Access::kRemoteReadWrite, Memory::cuda(0));
+    Descriptor d = dst.descriptor();
+    std::vector<Future> posted;
+    for (int i = 0; i < 32; ++i) {
+      Transfer t{&src, 0, &d, 0, kBytes};
+      posted.push_back(i % 2 == 0 ? p.peer.write({&t, 1}) : p.peer.read({&t, 1}));
+    }
+    if (shutdown) {
+      p.initiator.shutdown();
+    } else {
+      p.peer.close();
+    }
+    for (Future& f : posted) {
+      Status s = f.wait(kWait);
+      EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled || s.code() == ErrorCode::kPeerLost)
+          << s.to_string();
+      EXPECT_NE(s.code(), ErrorCode::kTimeout);
+    }
+    auto gone = std::async(std::launch::async, [&] {
+      dst.deregister();
+      src.deregister();
+    });
+    EXPECT_EQ(gone.wait_for(kWait), std::future_status::ready);
+  }
 }
 
 // The test process is the target; a ferry_test_target process maps its region and writes.
