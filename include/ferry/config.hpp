@@ -195,6 +195,14 @@ struct Config {
   // Operations above this are spread over all lanes (sockets, queue pairs); smaller ones stay
   // on one, in turn.
   std::size_t stripe_threshold = 1 << 20;
+  // One-sided operations between CUDA memory here and host memory at a peer, over a transport
+  // that moves host memory only (TCP, shm, verbs without GPUDirect), bounce through pinned host
+  // buffers: staging_chunks chunks of staging_chunk_bytes, allocated on the first such
+  // operation and kept until shutdown. While one chunk is copied the others are on the wire.
+  // Not yet measured on a GPU: 4 MiB follows slice_bytes (1-4 MiB moved as much), and 4 chunks
+  // keep 3 in flight while one is copied (docs/gpu.md, "Staging").
+  std::size_t staging_chunk_bytes = 4 << 20;
+  int staging_chunks = 4;
   // Progress threads spin this long after work before sleeping (over verbs: keep polling the
   // completion queue; over shm: the rings, so a record needs no wake-up). 0 on few-core hosts:
   // on 2 cores 50 us made the 8-byte TCP write latency several times worse (spinning threads

@@ -136,6 +136,8 @@ void bind_config(nb::module_& m) {
       .def_rw("progress_threads", &Config::progress_threads)
       .def_rw("slice_bytes", &Config::slice_bytes)
       .def_rw("stripe_threshold", &Config::stripe_threshold)
+      .def_rw("staging_chunk_bytes", &Config::staging_chunk_bytes)
+      .def_rw("staging_chunks", &Config::staging_chunks)
       .def_rw("metrics", &Config::metrics)
       .def_rw("max_unexpected_bytes", &Config::max_unexpected_bytes)
       .def_rw("max_unexpected_messages", &Config::max_unexpected_messages)

@@ -136,6 +136,30 @@ def test_device_memory_moves_between_engines_and_through_dlpack():
 
 
 @needs_standin
+def test_device_memory_reaches_host_memory_at_a_peer_through_staging():
+    run_child("""
+        import numpy as np
+        options = dict(peer_timeout=5.0, connect_timeout=5.0, transports=["tcp"],
+                       staging_chunk_bytes=65536, staging_chunks=2)
+        target = ferry.Engine(**options)
+        initiator = ferry.Engine(listen=False, **options)
+        peer = initiator.connect(target.address)
+        n = (1 << 20) + 5
+        device = initiator.allocate(n, memory="cuda:0")
+        host = np.zeros(n, dtype=np.uint8)
+        remote = target.register(host, ferry.Access.REMOTE_READ_WRITE)
+        use_device(0)
+        data = bytes((i * 13 + 1) % 256 for i in range(n))
+        put(device.address, data)
+        peer.write(device, remote.descriptor()).wait(20.0)
+        assert host.tobytes() == data
+        host[:] = 7
+        peer.read(device, remote.descriptor()).wait(20.0)
+        assert get(device.address, n) == bytes([7]) * n
+    """)
+
+
+@needs_standin
 def test_exports_the_driver_contradicts_are_refused():
     run_child("""
         engine = ferry.Engine(listen=False)

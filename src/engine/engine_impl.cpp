@@ -851,6 +851,8 @@ void EngineImpl::finish_shutdown() {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
+  // Its chunks failed with their peers; before the reactor, which may be completing them.
+  stager_.stop();
   reactor_->stop();
   for (auto& p : all) p->channels.stop_after_reactor();
   {

@@ -27,6 +27,7 @@
 #include "engine/handshake.hpp"
 #include "engine/listener.hpp"
 #include "engine/peer_impl.hpp"
+#include "engine/stager.hpp"
 #include "ferry/ferry.hpp"
 #include "transport/contract.hpp"
 
@@ -119,6 +120,8 @@ class EngineImpl final : public transport::Host,
   static std::vector<uint8_t> channel_addresses(const PeerImpl& peer);
   // Connects each of the peer's channels to its address in `body` (CHANNEL_ADDRESSES).
   static Status connect_channels(const PeerImpl& peer, std::span<const uint8_t> body);
+  // Operations from CUDA memory that only a host-memory channel can carry (stager.hpp).
+  Stager& stager() { return stager_; }
   EngineStats stats() const;
   EngineMetrics metrics() const;
 
@@ -207,6 +210,7 @@ class EngineImpl final : public transport::Host,
   // Destroyed before the transports it may still be using (the destructor hands them to it).
   core::Teardown teardown_;
   std::unique_ptr<Listener> listener_;
+  Stager stager_{*this};  // stopped by finish_shutdown(), once the peers are closed
   std::unique_ptr<core::Periodic> liveness_;  // runs housekeeping(); from start()
   std::mutex directory_mu_;
   // Made once by directory(), under directory_mu_, and kept until the engine goes: callers use

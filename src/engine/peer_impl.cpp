@@ -330,7 +330,7 @@ transport::OpState* PeerImpl::start_one_sided(OpKind kind, bool with_imm, uint32
 }
 
 std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfer> batch,
-                                            uint64_t& slices, uint64_t& total) {
+                                            uint64_t& slices, uint64_t& total, bool may_stage) {
   Access wanted = op->kind == OpKind::kRead ? Access::kRemoteRead : Access::kRemoteWrite;
   // Routed by the first entry's memory at both ends; an entry of another kind that the channel
   // cannot move is refused, or moves the batch (reroute), as a missing key does.
@@ -342,6 +342,10 @@ std::optional<Future> PeerImpl::admit_batch(OpState* op, std::span<const Transfe
   std::span<const uint8_t> order =
       routes.table.order(one_sided_class(*op), local_memory, remote_memory);
   if (order.empty()) [[unlikely]] {
+    if (may_stage && local_memory == MemoryKind::kCuda &&
+        !routes.table.order(one_sided_class(*op), MemoryKind::kHost, remote_memory).empty()) {
+      return stage(op, batch);
+    }
     return finish_now(
         op,
         {ErrorCode::kUnsupported,
@@ -387,11 +391,62 @@ Future PeerImpl::one_sided(OpKind kind, std::span<const Transfer> batch, bool wi
                            uint32_t imm) {
   OpState* op = start_one_sided(kind, with_imm, imm);
   uint64_t slices = 0, total = 0;
-  if (std::optional<Future> refused = admit_batch(op, batch, slices, total)) [[unlikely]] {
+  if (std::optional<Future> refused = admit_batch(op, batch, slices, total, true)) [[unlikely]] {
     return std::move(*refused);
   }
   shape(op, total, slices);
   return plan_and_post(op, slices, total);
+}
+
+Future PeerImpl::stage(OpState* op, std::span<const Transfer> batch) {
+  auto job = std::make_unique<StagedJob>();
+  std::string what = op_name(op->kind, op->with_imm);
+  // The remote checks are the chunks' (each a one-sided operation of this peer); the local
+  // regions are leased here, for as long as a copy may touch them.
+  constexpr transport::MemoryKinds kEither =
+      transport::memory_bit(MemoryKind::kHost) | transport::memory_bit(MemoryKind::kCuda);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const Transfer& t = batch[i];
+    auto refused = [&](const Status& s) {
+      return finish_now(op, {s.code(), what + " entry " + std::to_string(i) + ": " + s.message()});
+    };
+    if (t.remote == nullptr) return refused({ErrorCode::kInvalidArgument, "no remote descriptor"});
+    if (t.local == nullptr || !t.local->valid() || t.local->record_->engine.get() != engine.get())
+      return refused(local_refusal(t.local, t.local_offset, t.length, kEither));
+    if (t.length == 0) continue;
+    const RegionRecord& rec = *t.local->record_;
+    transport::RegionUse use;
+    uint8_t* addr = nullptr;
+    Status s = engine->regions().acquire(rec.id, rec.key, t.local_offset, t.length, Access::kLocal,
+                                         &addr, use, kEither);
+    if (!s.ok()) return refused({s.code(), "local " + s.message()});
+    job->leases.push_back(std::move(use));
+    auto remote = std::find_if(job->remotes.begin(), job->remotes.end(), [&](const Descriptor& d) {
+      return d.engine_id == t.remote->engine_id && d.region_id == t.remote->region_id &&
+             d.incarnation == t.remote->incarnation;
+    });
+    if (remote == job->remotes.end()) remote = job->remotes.insert(remote, *t.remote);
+    job->pieces.push_back({reinterpret_cast<uint64_t>(addr), t.length,
+                           static_cast<uint32_t>(remote - job->remotes.begin()), t.remote_offset,
+                           rec.memory.kind == MemoryKind::kCuda ? rec.memory.device : 0});
+    job->total += t.length;
+  }
+  if (job->pieces.empty()) return finish_now(op, {});
+  op->started_ticks = 0;  // unmetered: its chunks are counted on the channels they take
+  if (lost.load() || !link->pool->mark_posted(op)) {
+    return finish_now(op, {ErrorCode::kPeerLost, "peer " + address + " is not connected"});
+  }
+  op->add_ref();  // the job's
+  job->peer = shared_from_this();
+  job->op = op;
+  if (!engine->stager().post(std::move(job))) {
+    // Shut down meanwhile: the job went with its reference and leases.
+    link->pool->fail_posted(op, [](const OpState&) {
+      return Status{ErrorCode::kCancelled, "engine shut down"};
+    });
+    op->release();
+  }
+  return Future(op);
 }
 
 std::shared_ptr<const PreparedImpl> PeerImpl::prepare(OpKind kind, std::span<const Transfer> batch,

@@ -174,9 +174,12 @@ class PeerImpl : public std::enable_shared_from_this<PeerImpl> {
   Future post(transport::OpState* op);
   transport::OpState* start_one_sided(transport::OpKind kind, bool with_imm, uint32_t imm);
   // Admits every entry of `batch` into `op`, counting its slices and bytes; on a refusal, the
-  // op completed with it.
+  // op completed with it. `may_stage`: a batch from CUDA memory that no channel moves, but
+  // whose host copy one would, goes to the engine's Stager (stager.hpp).
   std::optional<Future> admit_batch(transport::OpState* op, std::span<const Transfer> batch,
-                                    uint64_t& slices, uint64_t& total);
+                                    uint64_t& slices, uint64_t& total, bool may_stage = false);
+  // Hands `batch` to the engine's Stager, its local regions leased until it ends.
+  [[gnu::cold]] Future stage(transport::OpState* op, std::span<const Transfer> batch);
   // Lets the channel of an admitted write cut it finer (Channel::shape_write), at each post;
   // `slices` follows.
   void shape(transport::OpState* op, uint64_t total, uint64_t& slices) const;

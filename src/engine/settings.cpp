@@ -18,6 +18,9 @@ namespace {
 // Largest slice: a frame's length field is 32 bits, and bigger slices only delay acks.
 constexpr std::size_t kMaxSliceBytes = 64 << 20;
 constexpr std::size_t kMinSliceBytes = 4 << 10;
+// staging_chunks x staging_chunk_bytes of pinned host memory: bounded so a setting cannot pin
+// all of it.
+constexpr std::size_t kMaxStagingChunkBytes = std::size_t{1} << 30;
 
 // What names the environment variable may hold, for its error message.
 std::string known_transport_names() {
@@ -37,6 +40,10 @@ void validate(const Config& c) {
   if (c.slice_bytes < kMinSliceBytes || c.slice_bytes > kMaxSliceBytes) {
     bad("slice_bytes must be 4 KiB..64 MiB");
   }
+  if (c.staging_chunk_bytes < kMinSliceBytes || c.staging_chunk_bytes > kMaxStagingChunkBytes) {
+    bad("staging_chunk_bytes must be 4 KiB..1 GiB");
+  }
+  if (c.staging_chunks < 2 || c.staging_chunks > 64) bad("staging_chunks must be 2..64");
   if (c.peer_timeout.count() <= 0 || c.connect_timeout.count() <= 0) bad("timeouts must be > 0");
   if (c.revoke_timeout.count() < 0) bad("revoke_timeout must be >= 0");
   if (c.max_peers < 1 || c.max_handshakes < 1 || c.max_handshakes_per_source < 1 ||

@@ -44,6 +44,19 @@ inline std::string error_name(cuda::CUresult r) {
 
 #define FERRY_CU_OK(call) ASSERT_EQ(ferry::test::error_name(call), "CUDA_SUCCESS")
 
+// Device memory of a region, to and from the host, through the driver.
+inline void put(const Region& r, const std::vector<uint8_t>& bytes, std::size_t offset = 0) {
+  FERRY_CU_OK(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset,
+                              reinterpret_cast<cuda::CUdeviceptr>(bytes.data()), bytes.size()));
+}
+inline std::vector<uint8_t> get(const Region& r, std::size_t offset, std::size_t length) {
+  std::vector<uint8_t> out(length);
+  EXPECT_EQ(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(out.data()),
+                            reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset, length),
+            cuda::kSuccess);
+  return out;
+}
+
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(std::size_t n) : n_(n) {
@@ -84,6 +97,24 @@ inline std::vector<uint8_t> pattern(std::size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   fill_pattern(v, seed);
   return v;
+}
+
+// Posts `count` operations of `t`, writes and reads in turn, then closes the peer (or shuts
+// the initiator down) while they run: each ends, done, cancelled or failed with its peer.
+inline void post_then_end(Pair& p, const Transfer& t, int count, bool shutdown) {
+  std::vector<Future> posted;
+  for (int i = 0; i < count; ++i)
+    posted.push_back(i % 2 == 0 ? p.peer.write({&t, 1}) : p.peer.read({&t, 1}));
+  if (shutdown) {
+    p.initiator.shutdown();
+  } else {
+    p.peer.close();
+  }
+  for (Future& f : posted) {
+    Status s = f.wait(kWait);
+    EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled || s.code() == ErrorCode::kPeerLost)
+        << s.to_string();
+  }
 }
 
 inline std::string hex(const void* data, std::size_t n) {

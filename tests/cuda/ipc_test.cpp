@@ -19,19 +19,6 @@ Config cuda_config() {
   return c;
 }
 
-// Device memory of a region, to and from the host, through the driver.
-void put(const Region& r, const std::vector<uint8_t>& bytes, std::size_t offset = 0) {
-  FERRY_CU_OK(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset,
-                              reinterpret_cast<cuda::CUdeviceptr>(bytes.data()), bytes.size()));
-}
-std::vector<uint8_t> get(const Region& r, std::size_t offset, std::size_t length) {
-  std::vector<uint8_t> out(length);
-  EXPECT_EQ(driver().memcpy(reinterpret_cast<cuda::CUdeviceptr>(out.data()),
-                            reinterpret_cast<cuda::CUdeviceptr>(r.data()) + offset, length),
-            cuda::kSuccess);
-  return out;
-}
-
 // Mappings of the stand-in's device memory in process `pid` (its own allocations and the ones
 // it opened from other processes).
 int standin_mappings(pid_t pid) {
@@ -264,22 +251,7 @@ TEST(CudaIpc, ClosingOrShuttingDownMidFlightEndsEveryOperation) {
     Region src = p.initiator.allocate(kBytes, Access::kLocal, Memory::cuda(0));
     Region dst = p.target.allocate(kBytes, Access::kRemoteReadWrite, Memory::cuda(0));
     Descriptor d = dst.descriptor();
-    std::vector<Future> posted;
-    for (int i = 0; i < 32; ++i) {
-      Transfer t{&src, 0, &d, 0, kBytes};
-      posted.push_back(i % 2 == 0 ? p.peer.write({&t, 1}) : p.peer.read({&t, 1}));
-    }
-    if (shutdown) {
-      p.initiator.shutdown();
-    } else {
-      p.peer.close();
-    }
-    for (Future& f : posted) {
-      Status s = f.wait(kWait);
-      EXPECT_TRUE(s.ok() || s.code() == ErrorCode::kCancelled || s.code() == ErrorCode::kPeerLost)
-          << s.to_string();
-      EXPECT_NE(s.code(), ErrorCode::kTimeout);
-    }
+    post_then_end(p, {&src, 0, &d, 0, kBytes}, 32, shutdown);
     auto gone = std::async(std::launch::async, [&] {
       dst.deregister();
       src.deregister();

@@ -78,9 +78,10 @@ TEST(CudaRegion, AllocateOnAMissingDeviceNamesTheCall) {
   }
 }
 
+// Device memory at the peer over the host transports is not staged (only the initiator's side
+// is: staging_test.cpp): refused with the reason, the host paths working beside it.
 TEST(CudaRegion, OperationsNoChannelMovesFailWithTheReason) {
   Pair p;
-  Region device = p.initiator.allocate(1 << 16, Access::kRemoteReadWrite, Memory::cuda(0));
   Region target_device = p.target.allocate(1 << 16, Access::kRemoteReadWrite, Memory::cuda(0));
   Buffer host(p.initiator, 1 << 16, Access::kLocal, 1);
   Buffer target_host(p.target, 1 << 16, Access::kRemoteReadWrite, 2);
@@ -91,10 +92,7 @@ TEST(CudaRegion, OperationsNoChannelMovesFailWithTheReason) {
     Transfer t{&local, 0, &remote, 0, 4096};
     return p.peer.write({&t, 1}).wait(kWait);
   };
-  Status s = write(device, to_host);
-  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
-  EXPECT_NE(s.message().find("from cuda to host memory"), std::string::npos) << s.to_string();
-  s = write(host.region, to_device);
+  Status s = write(host.region, to_device);
   EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
   EXPECT_NE(s.message().find("from host to cuda memory"), std::string::npos) << s.to_string();
   // The host path still works beside them.
