@@ -1,6 +1,6 @@
 # Quick start:  make run   (install deps, build, run the two-process benchmark)
 #               make test  (install deps, build, run every test incl. sanitizers and fuzzing)
-.PHONY: test-gpu test-ray python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
+.PHONY: bench-gpu test-gpu test-ray python-package bench-python bench-engines bench-lookup bench-torch test-engines test-python-asan all deps deps-test deps-bench deps-guest build run install test test-release test-python test-asan test-tsan test-fuzz \
         test-package test-browser test-loaded test-rdma test-rdma-sanitized test-rdma-wire bench-rdma-wire bench-rdma bench-rdma-stream check-layers bench-compare format tidy clean
 
 JOBS ?= $(shell nproc)
@@ -219,6 +219,12 @@ check-layers:
 bench-compare: deps-bench build
 	bash bench/compare_tcp.sh
 	bash bench/compare_shm.sh
+	bash bench/compare_msgrate.sh
+
+# The GPU paths beside their parts (bench/compare_gpu.sh): against the CUDA stand-in where no GPU
+# driver answers.
+bench-gpu: build
+	bash bench/compare_gpu.sh
 
 format:
 	find include src tools tests bench \( -name '*.cpp' -o -name '*.hpp' \) -print0 | xargs -0 clang-format -i
