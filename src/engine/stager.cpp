@@ -72,10 +72,20 @@ void Stager::stop() {
   if (thread_.joinable()) thread_.join();
   if (region_.valid()) region_.deregister();
   region_ = Region();
-  if (buffers_ != nullptr) {
-    if (const cu::Driver* driver = cu::Driver::get()) driver->mem_free_host(buffers_);
-    buffers_ = nullptr;
+  free_buffers();
+}
+
+void Stager::free_buffers() {
+  if (buffers_ == nullptr) return;
+  const cu::Driver* driver = cu::Driver::get();
+  try {
+    cu::ScopedContext scope(*driver, cu::primary_context(*driver, buffers_device_));
+    driver->check(driver->mem_free_host(buffers_), "cuMemFreeHost");
+  } catch (const Error& e) {
+    core::log(LogLevel::kError, "engine",
+              [&] { return "staging buffers: " + e.status().to_string(); });
   }
+  buffers_ = nullptr;
 }
 
 void Stager::run() {
@@ -104,7 +114,7 @@ void Stager::finish(StagedJob& job, const Status& status) {
   op->release();  // the job's reference
 }
 
-Status Stager::prepare_buffers() {
+Status Stager::prepare_buffers(int device) {
   if (region_.valid()) return {};
   std::string why;
   const cu::Driver* driver = cu::Driver::get(&why);
@@ -112,11 +122,14 @@ Status Stager::prepare_buffers() {
   const Config& c = engine_.config;
   std::size_t bytes = c.staging_chunk_bytes * static_cast<std::size_t>(c.staging_chunks);
   try {
-    cu::ScopedContext scope(*driver, cu::primary_context(*driver, 0));
+    // Portable: pinned for every context, though allocated in the first user's device's.
+    cu::ScopedContext scope(*driver, cu::primary_context(*driver, device));
     driver->check(driver->mem_host_alloc(&buffers_, bytes, cu::kHostAllocPortable),
                   "cuMemHostAlloc " + std::to_string(bytes) + " bytes");
+    buffers_device_ = device;
     region_ = engine_.register_memory(buffers_, bytes, Access::kLocal, nullptr);
   } catch (const Error& e) {
+    free_buffers();
     return {e.code(), "staged through host memory: buffers: " + e.status().message()};
   }
   core::log(LogLevel::kInfo, "engine", [&] {
@@ -127,7 +140,7 @@ Status Stager::prepare_buffers() {
 }
 
 Status Stager::stage(StagedJob& job) {
-  if (Status s = prepare_buffers(); !s.ok()) return s;
+  if (Status s = prepare_buffers(job.pieces.front().device); !s.ok()) return s;
   const cu::Driver& driver = *cu::Driver::get();
   transport::OpState& op = *job.op;
   const bool read = op.kind == transport::OpKind::kRead;

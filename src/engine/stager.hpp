@@ -67,9 +67,10 @@ class Stager {
  private:
   void run();
   Status stage(StagedJob& job);
-  // The buffers, allocated and registered on first use.
-  Status prepare_buffers();
+  // The buffers, allocated (in `device`'s context) and registered on first use.
+  Status prepare_buffers(int device);
   void finish(StagedJob& job, const Status& status);
+  void free_buffers();
 
   EngineImpl& engine_;
   std::mutex mu_;
@@ -79,6 +80,7 @@ class Stager {
   std::thread thread_;                            // made by the first post()
   // The stager thread's alone once it runs; stop() clears them after joining it.
   void* buffers_ = nullptr;  // pinned: staging_chunks x staging_chunk_bytes
+  int buffers_device_ = 0;   // in whose context they were allocated (and are freed)
   Region region_;            // the buffers, registered with the engine's host transports
 };
 
