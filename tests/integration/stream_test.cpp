@@ -285,14 +285,16 @@ TEST(Stream, ARunThatWrapsTheRingArrivesInOrder) {
 
 TEST(Stream, ASlowSinkSlowsTheSourceAndLosesNothing) {
   TempDir dir;
-  // 39 MB at a sink of 20 MB/s: more than the ring (4 MiB) and the sockets hold, so the
-  // emulator must wait for its reader.
-  Background emulator({"emulate", "--listen", "tcp:127.0.0.1:0", "--rate", "400MB/s", "--frame",
-                       "64K", "--frames", "600", "--json"});
+  // 39 MB at a sink of 10 MB/s, over a Unix socket from the emulator: far more than the ring
+  // (4 MiB) and the socket (a few hundred KiB; a loopback TCP socket autotunes to megabytes)
+  // hold, so the emulator must wait for its reader unless it runs slower than ~12 MB/s. Under
+  // TSan beside another test it ran at 34 MB/s; with 20 MB/s and TCP, buffers took the surplus.
+  Background emulator({"emulate", "--listen", "unix:" + dir.file("source.sock"), "--rate",
+                       "400MB/s", "--frame", "64K", "--frames", "600", "--json"});
   std::string source = listening_on(emulator);
   Background receiver({"stream", "--listen", "127.0.0.1:0", "--verify", "--json", "--slots", "4",
                        "--slot-bytes", "1M", "--sink", dir.file("out.bin"), "--sink-rate",
-                       "20MB/s"});
+                       "10MB/s"});
   std::string at = listening_on(receiver);
   Background sender({"stream", "--connect", at, "--source", source, "--json"});
   std::string tx = summary_of(remaining_lines(sender));
