@@ -184,8 +184,17 @@ struct Initiator {
     Progress shown(progress, op + " " + human_size(size), static_cast<uint64_t>(iters));
     auto t0 = BenchClock::now();
     int issued = 0;
+    // send: messages the target reported consumed (warm-up ones included), kTagCredit.
+    uint64_t consumed = 0;
+    auto take_credit = [&] {
+      (void)mail.recv(kTagCredit);
+      consumed += kSendCreditEvery;
+    };
     while (issued < iters || !inflight.empty()) {
       while (issued < iters && static_cast<int>(inflight.size()) < o.concurrency) {
+        while (op == "send" &&
+               kWarmupIters + static_cast<uint64_t>(issued) >= consumed + 2 * kSendCreditEvery)
+          take_credit();
         int slot = slot_for(issued);
         auto ts = BenchClock::now();
         inflight.emplace_back(
@@ -202,6 +211,8 @@ struct Initiator {
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
+      while (consumed + kSendCreditEvery <= static_cast<uint64_t>(iters + kWarmupIters))
+        take_credit();
       std::string bad = mail.recv(kTagReport);
       if (bad != "0")
         throw Error(ErrorCode::kProtocol, "target saw corrupted send() messages: " + bad);

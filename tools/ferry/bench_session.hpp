@@ -25,6 +25,12 @@ constexpr uint64_t kTagDescriptor = 2;
 constexpr uint64_t kTagData = 3;
 constexpr uint64_t kTagReport = 4;
 constexpr uint64_t kTagFailure = 5;  // why the sender stops (Mailbox)
+constexpr uint64_t kTagCredit = 6;   // send: the target consumed kSendCreditEvery more messages
+// Sends complete once the target's engine took them, consumed or buffered; the target's loop
+// consumes slower than shm delivers (600k 8-byte messages/s), so without credits the sender
+// filled the target's 4096 buffered messages (Config::max_unexpected_messages) and failed. It
+// runs at most two credits ahead.
+constexpr uint64_t kSendCreditEvery = 1024;
 constexpr std::size_t kControlBytes = 4096;
 constexpr Duration kOpTimeout = 60s;
 constexpr Duration kIdleTimeout = 24h;

@@ -104,7 +104,7 @@ void serve(Engine& engine, Mailbox& mail, const std::atomic<uint64_t>& imms,
       check(f.wait(kOpTimeout), "recv");
       if (f.bytes() != size || !sampled_matches(buf.data() + slot * size, size, size))
         ++bad_messages;
-      ++done;
+      if (++done % kSendCreditEvery == 0) mail.send(kTagCredit, std::to_string(done));
     }
     mail.send(kTagReport, std::to_string(bad_messages));
   }
