@@ -211,7 +211,7 @@ struct Initiator {
     }
     double secs = std::chrono::duration<double>(BenchClock::now() - t0).count();
     if (op == "send") {
-      while (consumed + kSendCreditEvery <= static_cast<uint64_t>(iters + kWarmupIters))
+      while (consumed + kSendCreditEvery <= static_cast<uint64_t>(iters) + kWarmupIters)
         take_credit();
       std::string bad = mail.recv(kTagReport);
       if (bad != "0")
